@@ -1,0 +1,19 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+#include <stdbool.h>
+#include <string.h>
+
+static inline bool streq(const char *a, const char *b) {
+        return strcmp(a, b) == 0;
+}
+
+/* "." or "..", the names no directory entry may take. */
+static inline bool streq_dot(const char *s) {
+        return s[0] == '.' && (s[1] == 0 || (s[1] == '.' && s[2] == 0));
+}
+
+/* Iterates over a list of string literals. */
+#define FOREACH_STRING(x, ...)                                                      \
+        for (const char *const *_l_ = (const char *const[]) { __VA_ARGS__, NULL }, *x; \
+             (x = *_l_); _l_++)

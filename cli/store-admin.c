@@ -1,0 +1,671 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * cowbox-store's commands on the store as a whole: init, usage, mount, reap,
+ * scrub and fsck.
+ */
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store-tool.h"
+
+/* ---- init ---- */
+
+typedef struct InitResult {
+        const char *path;
+} InitResult;
+
+static const Field init_fields[] = {
+        FIELD("Created store", "path", FIELD_STRING, InitResult, path),
+        {}
+};
+
+static int verb_init(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        InitResult result = { .path = tool->store_path };
+        int c, r;
+
+        c = command_getopt(tool, cmd, argc, argv);
+        if (c != 0)
+                return options_exit_status(c);
+        r = command_check_arguments(cmd, argc, argv, 0, 0);
+        if (r != 0)
+                return r;
+
+        r = store_init(result.path);
+        switch (r) {
+        case -EEXIST:
+                return report_failure("there already is a store at %s; use it, or give another "
+                                      "directory with --store", result.path);
+        case -ENOTEMPTY:
+                return report_failure("%s is not empty; a new store needs an empty or missing "
+                                      "directory (give one with --store)", result.path);
+        case -EACCES:
+        case -EPERM:
+                return report_failure("no permission to create a store at %s; run as a user who may "
+                                      "write there (usually root)", result.path);
+        }
+        if (r < 0)
+                return report_failure("cannot create a store at %s: %s", result.path, error_text(r));
+
+        if (tool->json) {
+                _cleanup_json_ json_t *doc = record_to_json(init_fields, &result);
+                return json_print(doc);
+        }
+        printf("Created an empty store at %s.\n", result.path);
+        return EXIT_SUCCESS;
+}
+
+/* ---- usage ---- */
+
+/* logical / stored, the factor compression and deduplication save; NaN
+ * (shown as "-") when nothing is stored. */
+static double space_ratio(uint64_t logical, uint64_t stored) {
+        return stored > 0 ? (double) logical / (double) stored : NAN;
+}
+
+typedef struct UsageRow {
+        const char *name;
+        uint64_t logical_bytes;
+        uint64_t stored_bytes;
+        uint64_t exclusive_bytes;
+        double ratio;
+} UsageRow;
+
+static const Field usage_row_fields[] = {
+        FIELD("Name", "name", FIELD_STRING, UsageRow, name),
+        FIELD("Logical", "logical_bytes", FIELD_BYTES, UsageRow, logical_bytes),
+        FIELD("Stored", "stored_bytes", FIELD_BYTES, UsageRow, stored_bytes),
+        FIELD("Exclusive", "exclusive_bytes", FIELD_BYTES, UsageRow, exclusive_bytes),
+        FIELD("Ratio", "compression_ratio", FIELD_RATIO, UsageRow, ratio),
+        {}
+};
+
+typedef struct UsageTotals {
+        StoreUsage usage;
+        uint64_t exclusive_bytes;       /* the sum over the subvolumes */
+        double ratio;
+} UsageTotals;
+
+static const Field usage_total_fields[] = {
+        FIELD("Logical", "logical_bytes", FIELD_BYTES, UsageTotals, usage.logical_bytes),
+        FIELD("Stored", "stored_bytes", FIELD_BYTES, UsageTotals, usage.stored_bytes),
+        FIELD("  Data", "data_bytes", FIELD_BYTES, UsageTotals, usage.data_bytes),
+        FIELD("  Metadata", "metadata_bytes", FIELD_BYTES, UsageTotals, usage.metadata_bytes),
+        FIELD("Exclusive", "exclusive_bytes", FIELD_BYTES, UsageTotals, exclusive_bytes),
+        FIELD("Compression ratio", "compression_ratio", FIELD_RATIO, UsageTotals, ratio),
+        FIELD("Pack files", "pack_file_bytes", FIELD_BYTES, UsageTotals, usage.pack_file_bytes),
+        FIELD("Reclaimable", "reclaimable_bytes", FIELD_BYTES, UsageTotals, usage.reclaimable_bytes),
+        FIELD("Data blocks", "blocks", FIELD_U64, UsageTotals, usage.blocks),
+        FIELD("Subvolumes", "subvolumes", FIELD_U64, UsageTotals, usage.subvolumes),
+        FIELD("Deleted subvolumes", "deleted_subvolumes", FIELD_U64, UsageTotals, usage.deleted_subvolumes),
+        FIELD("Layers", "layers", FIELD_U64, UsageTotals, usage.layers),
+        FIELD("Corruption events", "corruption_events", FIELD_U64, UsageTotals, usage.corruption_events),
+        FIELD("Host free space", "fs_free_bytes", FIELD_BYTES, UsageTotals, usage.fs_free_bytes),
+        FIELD("Host file system size", "fs_total_bytes", FIELD_BYTES, UsageTotals, usage.fs_total_bytes),
+        {}
+};
+
+/* One row per subvolume; the rows borrow the names from list. */
+static UsageRow *usage_rows_new(const SubvolumeList *list, UsageTotals *totals) {
+        UsageRow *rows = calloc(MAX(list->n, (size_t) 1), sizeof(UsageRow));
+
+        if (!rows)
+                return NULL;
+        for (size_t i = 0; i < list->n; i++) {
+                const StoreSubvolumeInfo *info = &list->items[i];
+
+                rows[i] = (UsageRow) {
+                        .name = info->name,
+                        .logical_bytes = info->logical_bytes,
+                        .stored_bytes = info->referenced_bytes,
+                        .exclusive_bytes = info->exclusive_bytes,
+                        .ratio = space_ratio(info->logical_bytes, info->referenced_bytes),
+                };
+                totals->exclusive_bytes += info->exclusive_bytes;
+        }
+        totals->ratio = space_ratio(totals->usage.logical_bytes, totals->usage.stored_bytes);
+        return rows;
+}
+
+static int print_usage(const Tool *tool, const char *path, const UsageRow *rows, size_t n,
+                       const UsageTotals *totals) {
+        if (tool->json) {
+                _cleanup_json_ json_t *doc = json_object();
+
+                if (!json_add(doc, "store", json_string_lossy(path)) ||
+                    !json_add(doc, "subvolumes", records_to_json(usage_row_fields, rows, sizeof(UsageRow), n)) ||
+                    !json_add(doc, "total", record_to_json(usage_total_fields, totals)))
+                        return json_print(NULL);
+                return json_print(doc);
+        }
+
+        printf("Store: %s\n\n", path);
+        if (n > 0) {
+                records_print(tool, usage_row_fields, rows, sizeof(UsageRow), n);
+                putchar('\n');
+        }
+        fputs("Total:\n", stdout);
+        record_print(tool, usage_total_fields, totals, 2);
+        return EXIT_SUCCESS;
+}
+
+static int verb_usage(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_(subvolume_list_done) SubvolumeList list = {};
+        _cleanup_store_ Store *store = NULL;
+        _cleanup_free_ UsageRow *rows = NULL;
+        UsageTotals totals = {};
+        int c, r;
+
+        c = command_getopt(tool, cmd, argc, argv);
+        if (c != 0)
+                return options_exit_status(c);
+        r = command_check_arguments(cmd, argc, argv, 0, 0);
+        if (r != 0)
+                return r;
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+
+        r = store_subvolume_list(store, &list.items, &list.n);
+        if (r < 0)
+                return report_failure("cannot list the subvolumes of %s: %s", store_path(store), error_text(r));
+        r = store_usage(store, &totals.usage);
+        if (r < 0)
+                return report_failure("cannot measure the space of %s: %s", store_path(store), error_text(r));
+
+        rows = usage_rows_new(&list, &totals);
+        if (!rows)
+                return report_failure("out of memory");
+
+        return print_usage(tool, store_path(store), rows, list.n, &totals);
+}
+
+/* ---- mount ---- */
+
+/* Checked here, before the store is involved, so that -ENOENT from the
+ * library can only mean the subvolume. */
+static int check_mountpoint(const char *mountpoint) {
+        struct stat st;
+
+        if (stat(mountpoint, &st) < 0) {
+                if (errno == ENOENT)
+                        return report_failure("mount point %s does not exist; create it with 'mkdir -p %s'",
+                                              mountpoint, mountpoint);
+                if (errno == ENOTCONN)
+                        return report_failure("%s is a FUSE mount whose server is gone; unmount it with "
+                                              "'fusermount3 -u %s' first", mountpoint, mountpoint);
+                return report_failure("cannot use %s as a mount point: %m", mountpoint);
+        }
+        if (!S_ISDIR(st.st_mode))
+                return report_failure("mount point %s is not a directory", mountpoint);
+        return EXIT_SUCCESS;
+}
+
+static int report_mount_error(int error, const char *name, const char *mountpoint, pid_t holder) {
+        switch (error) {
+        case -ENOENT:
+                return report_no_subvolume(name);
+        case -EBUSY:
+                return report_subvolume_busy(name, holder, "mount it with --read-only, or unmount the "
+                                             "other mount first (fusermount3 -u MOUNTPOINT)");
+        case -ENOTCONN:
+                return report_failure("%s is a FUSE mount whose server is gone; unmount it with "
+                                      "'fusermount3 -u %s' first", mountpoint, mountpoint);
+        case -EACCES:
+        case -EPERM:
+                return report_failure("no permission to mount at %s (%s); FUSE needs /dev/fuse, "
+                                      "fusermount3, and a mount point you may write", mountpoint,
+                                      error_text(error));
+        default:
+                return report_failure("cannot mount subvolume '%s' at %s: %s", name, mountpoint,
+                                      error_text(error));
+        }
+}
+
+static int verb_mount(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        StoreMountOptions opts = { .ready_fd = -1 };
+        _cleanup_store_ Store *store = NULL;
+        const char *name, *mountpoint;
+        pid_t self = getpid(), holder = 0;
+        int c, r;
+
+        while ((c = command_getopt(tool, cmd, argc, argv)) > 0)
+                switch (c) {
+                case ARG_BACKGROUND:
+                        opts.background = true;
+                        break;
+                case ARG_READ_ONLY:
+                        opts.readonly = true;
+                        break;
+                case ARG_DEBUG:
+                        opts.debug = true;
+                        break;
+                }
+        if (c < 0)
+                return options_exit_status(c);
+
+        r = command_check_arguments(cmd, argc, argv, 2, 2);
+        if (r != 0)
+                return r;
+        name = argv[optind];
+        mountpoint = argv[optind + 1];
+        r = command_check_name(cmd, name);
+        if (r != 0)
+                return r;
+        r = check_mountpoint(mountpoint);
+        if (r != 0)
+                return r;
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+
+        r = store_mount(store, name, mountpoint, &opts, &holder);
+        if (r < 0)
+                return report_mount_error(r, name, mountpoint, holder);
+
+        /* With --background, the daemonized server may return here too, once
+         * unmounted: only the process the user started reports the mount. */
+        if (opts.background && getpid() == self)
+                printf("Mounted subvolume '%s' at %s; unmount it with 'fusermount3 -u %s'.\n",
+                       name, mountpoint, mountpoint);
+        return EXIT_SUCCESS;
+}
+
+/* ---- reap ---- */
+
+static const Field reap_fields[] = {
+        FIELD("Subvolumes forgotten", "subvolumes_forgotten", FIELD_U64, StoreReapStats, subvolumes_forgotten),
+        FIELD("Layers dropped", "layers_dropped", FIELD_U64, StoreReapStats, layers_dropped),
+        FIELD("Layers folded", "layers_folded", FIELD_U64, StoreReapStats, layers_folded),
+        FIELD("Blocks freed", "blocks_freed", FIELD_U64, StoreReapStats, blocks_freed),
+        FIELD("Space freed", "bytes_freed", FIELD_BYTES, StoreReapStats, bytes_freed),
+        {}
+};
+
+static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_store_ Store *store = NULL;
+        StoreReapStats stats = {};
+        pid_t holder = 0;
+        bool wait = false;
+        int c, r;
+
+        while ((c = command_getopt(tool, cmd, argc, argv)) > 0)
+                if (c == ARG_WAIT)
+                        wait = true;
+        if (c < 0)
+                return options_exit_status(c);
+        r = command_check_arguments(cmd, argc, argv, 0, 0);
+        if (r != 0)
+                return r;
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+
+        r = store_reap(store, wait, &stats, &holder);
+        if (r == -EBUSY) {
+                char process[PROCESS_DESCRIPTION_MAX];
+
+                return report_failure("a reaper is already running in %s; wait for it with '"
+                                      PROGRAM_NAME " reap --wait'", describe_process(holder, process));
+        }
+        if (r < 0)
+                return report_failure("cannot reap %s: %s", store_path(store), error_text(r));
+
+        if (tool->json) {
+                _cleanup_json_ json_t *doc = record_to_json(reap_fields, &stats);
+                return json_print(doc);
+        }
+        record_print(tool, reap_fields, &stats, 0);
+        return EXIT_SUCCESS;
+}
+
+/* ---- scrub ---- */
+
+static const Field damage_fields[] = {
+        FIELD("Subvolume", "subvolume", FIELD_STRING, StoreDamage, subvolume),
+        FIELD("Path", "path", FIELD_STRING, StoreDamage, path),
+        FIELD("Problem", "reason", FIELD_STRING, StoreDamage, reason),
+        FIELD("Pack", "pack", FIELD_U64, StoreDamage, pack),
+        FIELD("Offset", "offset", FIELD_U64, StoreDamage, offset),
+        FIELD("Block digest", "digest", FIELD_CHARS, StoreDamage, digest),
+        {}
+};
+
+static const Field scrub_fields[] = {
+        FIELD("Blocks checked", "blocks_checked", FIELD_U64, StoreScrubStats, blocks_checked),
+        FIELD("Data checked", "bytes_checked", FIELD_BYTES, StoreScrubStats, bytes_checked),
+        FIELD("Damaged blocks", "blocks_damaged", FIELD_U64, StoreScrubStats, blocks_damaged),
+        FIELD("Damaged files", "files_damaged", FIELD_U64, StoreScrubStats, files_damaged),
+        {}
+};
+
+typedef struct ScrubReport {
+        const Tool *tool;
+        json_t *damage;         /* with --json: collected, printed at the end */
+        uint64_t n_reported;
+        bool out_of_memory;
+} ScrubReport;
+
+/* In text, each damaged block is printed as soon as it is found: a scrub
+ * can take hours, and what it found so far is worth having. */
+static void on_damage(const StoreDamage *d, void *userdata) {
+        ScrubReport *report = userdata;
+
+        report->n_reported++;
+        if (report->tool->json) {
+                if (json_array_append_new(report->damage, record_to_json(damage_fields, d)) < 0)
+                        report->out_of_memory = true;
+                return;
+        }
+
+        printf("%sDamaged block:\n", report->n_reported > 1 ? "\n" : "");
+        record_print(report->tool, damage_fields, d, 2);
+        fflush(stdout);
+}
+
+static int print_scrub_summary(const ScrubReport *report, const StoreScrubStats *stats) {
+        if (report->tool->json) {
+                _cleanup_json_ json_t *doc = json_object();
+
+                if (report->out_of_memory ||
+                    !json_add(doc, "damage", json_incref(report->damage)) ||
+                    !json_add(doc, "summary", record_to_json(scrub_fields, stats)))
+                        return json_print(NULL);
+                return json_print(doc);
+        }
+
+        if (report->n_reported > 0)
+                putchar('\n');
+        record_print(report->tool, scrub_fields, stats, 0);
+        if (stats->blocks_damaged > 0 || report->n_reported > 0)
+                puts("\nThe store has damaged blocks: reading the files listed above fails with EIO.\n"
+                     "Replace them from a good copy, or delete the subvolumes that hold them.");
+        else
+                puts("\nNo damage found.");
+        return EXIT_SUCCESS;
+}
+
+static int verb_scrub(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_store_ Store *store = NULL;
+        _cleanup_json_ json_t *damage = NULL;
+        StoreScrubStats stats = {};
+        ScrubReport report = { .tool = tool };
+        int c, r;
+
+        c = command_getopt(tool, cmd, argc, argv);
+        if (c != 0)
+                return options_exit_status(c);
+        r = command_check_arguments(cmd, argc, argv, 0, 0);
+        if (r != 0)
+                return r;
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+
+        if (tool->json) {
+                damage = json_array();
+                if (!damage)
+                        return report_failure("out of memory");
+                report.damage = damage;
+        }
+
+        r = store_scrub(store, on_damage, &report, &stats);
+        if (r < 0)
+                return report_failure("scrub of %s stopped: %s", store_path(store), error_text(r));
+
+        r = print_scrub_summary(&report, &stats);
+        if (r != EXIT_SUCCESS)
+                return r;
+        /* Damage is what a scrub exists to find: scripts must see it in the status. */
+        return stats.blocks_damaged > 0 || report.n_reported > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* ---- fsck ---- */
+
+typedef struct FsckSummary {
+        uint64_t found;
+        uint64_t repaired;
+        uint64_t unrepaired;
+        bool repair;
+} FsckSummary;
+
+static const Field fsck_fields[] = {
+        FIELD("Problems found", "problems_found", FIELD_U64, FsckSummary, found),
+        FIELD("Repaired", "problems_repaired", FIELD_U64, FsckSummary, repaired),
+        FIELD("Left unrepaired", "problems_unrepaired", FIELD_U64, FsckSummary, unrepaired),
+        FIELD("Repair asked", "repair", FIELD_BOOL, FsckSummary, repair),
+        {}
+};
+
+typedef struct FsckReport {
+        const Tool *tool;
+        json_t *problems;       /* with --json */
+        uint64_t n_found;
+        bool out_of_memory;
+} FsckReport;
+
+static void on_problem(const char *what, void *userdata) {
+        FsckReport *report = userdata;
+
+        report->n_found++;
+        if (report->tool->json) {
+                if (json_array_append_new(report->problems, json_string_lossy(what)) < 0)
+                        report->out_of_memory = true;
+                return;
+        }
+        printf("Problem: %s\n", what);
+}
+
+static void print_fsck_advice(const FsckSummary *summary) {
+        if (summary->found == 0)
+                puts("No problems found.");
+        else if (summary->unrepaired == 0)
+                puts("Every problem found was repaired.");
+        else if (!summary->repair)
+                puts("Run '" PROGRAM_NAME " fsck --repair' to repair what can be repaired without losing data.");
+        else
+                puts("The problems left cannot be repaired without losing data: copy what you need out\n"
+                     "of the subvolumes they name, then delete those subvolumes.");
+}
+
+static int print_fsck_summary(const FsckReport *report, const FsckSummary *summary) {
+        if (report->tool->json) {
+                _cleanup_json_ json_t *doc = record_to_json(fsck_fields, summary);
+
+                if (report->out_of_memory || !json_add(doc, "problems", json_incref(report->problems)))
+                        return json_print(NULL);
+                return json_print(doc);
+        }
+
+        if (report->n_found > 0)
+                putchar('\n');
+        record_print(report->tool, fsck_fields, summary, 0);
+        putchar('\n');
+        print_fsck_advice(summary);
+        return EXIT_SUCCESS;
+}
+
+static int verb_fsck(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_store_ Store *store = NULL;
+        _cleanup_json_ json_t *problems = NULL;
+        FsckReport report = { .tool = tool };
+        FsckSummary summary = {};
+        int c, r;
+
+        while ((c = command_getopt(tool, cmd, argc, argv)) > 0)
+                if (c == ARG_REPAIR)
+                        summary.repair = true;
+        if (c < 0)
+                return options_exit_status(c);
+        r = command_check_arguments(cmd, argc, argv, 0, 0);
+        if (r != 0)
+                return r;
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+
+        if (tool->json) {
+                problems = json_array();
+                if (!problems)
+                        return report_failure("out of memory");
+                report.problems = problems;
+        }
+
+        r = store_fsck(store, summary.repair, on_problem, &report);
+        if (r < 0)
+                return report_failure("fsck of %s stopped: %s", store_path(store), error_text(r));
+
+        summary.found = MAX(report.n_found, (uint64_t) r);
+        summary.unrepaired = (uint64_t) r;
+        summary.repaired = summary.repair ? summary.found - summary.unrepaired : 0;
+
+        r = print_fsck_summary(&report, &summary);
+        if (r != EXIT_SUCCESS)
+                return r;
+        return summary.unrepaired > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* ---- the commands ---- */
+
+const Command command_init = {
+        .name = "init",
+        .synopsis = "",
+        .summary = "Create an empty store.",
+        .description =
+                "Creates the store in the directory that --store or $COWBOX_STORE names (else\n"
+                STORE_DEFAULT_PATH "). The directory is created if missing, and must be empty.\n",
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " init",
+                PROGRAM_NAME " --store=/srv/cowbox init",
+                NULL,
+        },
+        .flags = COMMAND_JSON,
+        .run = verb_init,
+};
+
+const Command command_usage = {
+        .name = "usage",
+        .synopsis = "[--raw]",
+        .summary = "Show how the store uses space, per subvolume and in total.",
+        .description =
+                "For each subvolume: logical, what its files hold; stored, what its layers take on\n"
+                "disk after compression and deduplication (shared data counts for each subvolume\n"
+                "that shares it); exclusive, what deleting it would free; and the ratio\n"
+                "logical/stored. The total gives the store's logical and stored bytes (data and\n"
+                "metadata), the sum of the exclusive bytes, the ratio, the size of the pack\n"
+                "files, what the next reap frees (reclaimable), the checksum mismatches seen so\n"
+                "far, and the space of the host file system. With --json, sizes are in bytes and\n"
+                "a ratio with nothing stored is null.\n",
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " usage",
+                PROGRAM_NAME " usage --raw",
+                PROGRAM_NAME " --json usage",
+                NULL,
+        },
+        .flags = COMMAND_JSON | COMMAND_SIZES,
+        .run = verb_usage,
+};
+
+const Command command_mount = {
+        .name = "mount",
+        .synopsis = "[--background] [--read-only] [--debug] NAME MOUNTPOINT",
+        .summary = "Mount a subvolume through FUSE and serve it until it is unmounted.",
+        .description =
+                "Without --background, the command serves the mount in the foreground until it\n"
+                "is unmounted with 'fusermount3 -u MOUNTPOINT', or until it gets SIGTERM or SIGINT\n"
+                "(Ctrl-C). One process at a time may mount a writable subvolume writable; others\n"
+                "may mount it with --read-only. A read-only subvolume is always mounted read-only.\n"
+                "MOUNTPOINT must be an existing directory.\n",
+        .options = (const CommandOption[]) {
+                { ARG_BACKGROUND, "background", NULL, "return once the mount is ready, and serve it\n"
+                  "from a background process" },
+                { ARG_READ_ONLY, "read-only", NULL, "mount a writable subvolume read-only" },
+                { ARG_DEBUG, "debug", NULL, "print libfuse's debug output on standard error" },
+                {}
+        },
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " mount --background base /mnt/base",
+                PROGRAM_NAME " mount --read-only base-v1 /mnt/base-v1",
+                "fusermount3 -u /mnt/base",
+                NULL,
+        },
+        .run = verb_mount,
+};
+
+const Command command_reap = {
+        .name = "reap",
+        .synopsis = "[--wait] [--raw]",
+        .summary = "Free the space of deleted subvolumes now, and print what was freed.",
+        .description =
+                "The reaper forgets deleted subvolumes, folds each layer that has a single child\n"
+                "into it, drops the layers nothing uses and frees the blocks nothing references.\n"
+                "'subvolume delete' starts it in the background; this runs it in the foreground.\n"
+                "Only one reaper runs at a time: if another is running, reap fails and names it,\n"
+                "unless --wait is given.\n",
+        .options = (const CommandOption[]) {
+                { ARG_WAIT, "wait", NULL, "if another reaper is running, wait for it, then reap" },
+                {}
+        },
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " reap",
+                PROGRAM_NAME " --json reap --wait",
+                NULL,
+        },
+        .flags = COMMAND_JSON | COMMAND_SIZES,
+        .run = verb_reap,
+};
+
+const Command command_scrub = {
+        .name = "scrub",
+        .synopsis = "[--raw]",
+        .summary = "Verify every live block of the store against its checksum.",
+        .description =
+                "Prints each damaged block with every subvolume and path that uses it (a path of\n"
+                "'-' means no file uses the block any more), then a summary. Reading a damaged\n"
+                "block fails with EIO rather than return wrong data.\n"
+                "\n"
+                "Exit status: 0 if nothing is damaged, 1 if a block is damaged or the scrub\n"
+                "could not finish.\n",
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " scrub",
+                PROGRAM_NAME " --json scrub > scrub.json",
+                NULL,
+        },
+        .flags = COMMAND_JSON | COMMAND_SIZES,
+        .run = verb_scrub,
+};
+
+const Command command_fsck = {
+        .name = "fsck",
+        .synopsis = "[--repair]",
+        .summary = "Check the catalog, every layer's metadata and the block index.",
+        .description =
+                "Prints each problem found, then a summary. With --repair, problems that can be\n"
+                "repaired without losing data (orphan inodes, stale locks, wrong counters) are\n"
+                "repaired; the others are only reported.\n"
+                "\n"
+                "Exit status: 0 if no problem is left unrepaired, 1 if one is or the check could\n"
+                "not finish.\n",
+        .options = (const CommandOption[]) {
+                { ARG_REPAIR, "repair", NULL, "repair what can be repaired without losing data" },
+                {}
+        },
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " fsck",
+                PROGRAM_NAME " fsck --repair",
+                NULL,
+        },
+        .flags = COMMAND_JSON,
+        .run = verb_fsck,
+};

@@ -1,0 +1,410 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * cowbox-store subvolume: create, snapshot, delete, list and show. Each verb
+ * checks its arguments, opens the store, makes one library call and reports.
+ */
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "store-tool.h"
+
+/* Everything a subvolume reports. Tables (list) leave out the detail fields,
+ * so that a row fits a terminal; show and JSON have them all. */
+static const Field subvolume_fields[] = {
+        FIELD("ID", "id", FIELD_U64, StoreSubvolumeInfo, id),
+        FIELD("Name", "name", FIELD_STRING, StoreSubvolumeInfo, name),
+        FIELD_DETAILED("UUID", "uuid", FIELD_CHARS, StoreSubvolumeInfo, uuid),
+        FIELD_DETAILED("Parent UUID", "parent_uuid", FIELD_CHARS, StoreSubvolumeInfo, parent_uuid),
+        FIELD("Read-only", "readonly", FIELD_BOOL, StoreSubvolumeInfo, readonly),
+        FIELD_DETAILED("Created", "created_usec", FIELD_TIME_USEC, StoreSubvolumeInfo, created_usec),
+        FIELD_DETAILED("Top layer", "top_layer", FIELD_U64, StoreSubvolumeInfo, top_layer),
+        FIELD_DETAILED("Layers", "depth", FIELD_UINT, StoreSubvolumeInfo, depth),
+        FIELD("Logical", "logical_bytes", FIELD_BYTES, StoreSubvolumeInfo, logical_bytes),
+        FIELD("Referenced", "referenced_bytes", FIELD_BYTES, StoreSubvolumeInfo, referenced_bytes),
+        FIELD("Exclusive", "exclusive_bytes", FIELD_BYTES, StoreSubvolumeInfo, exclusive_bytes),
+        FIELD_DETAILED("Inodes", "inodes", FIELD_U64, StoreSubvolumeInfo, inodes),
+        FIELD("Mounted by", "mounted_by", FIELD_PID, StoreSubvolumeInfo, mounted_by),
+        {}
+};
+
+/* What delete reports. */
+typedef struct DeleteResult {
+        const char *name;
+        bool reaper_started;
+} DeleteResult;
+
+static const Field delete_fields[] = {
+        FIELD("Deleted", "name", FIELD_STRING, DeleteResult, name),
+        FIELD("Reaper started", "reaper_started", FIELD_BOOL, DeleteResult, reaper_started),
+        {}
+};
+
+static int report_name_taken(const char *name) {
+        return report_failure("a subvolume named '%s' already exists; choose another name, or delete "
+                              "it first with '" PROGRAM_NAME " subvolume delete %s'", name, name);
+}
+
+/* Parses a verb with no options of its own and exactly n_names subvolume names. */
+static int parse_names(Tool *tool, const Command *cmd, int argc, char *argv[], int n_names) {
+        int c, r;
+
+        c = command_getopt(tool, cmd, argc, argv);
+        if (c != 0)
+                return options_exit_status(c);
+
+        r = command_check_arguments(cmd, argc, argv, n_names, n_names);
+        if (r != 0)
+                return r;
+
+        for (int i = optind; i < argc; i++) {
+                r = command_check_name(cmd, argv[i]);
+                if (r != 0)
+                        return r;
+        }
+        return EXIT_SUCCESS;
+}
+
+/* With --json, create and snapshot print the new subvolume as show does, so
+ * that a script learns its id and UUID without asking again. */
+static int print_subvolume_json(Store *store, const char *name) {
+        _cleanup_(store_subvolume_info_clear) StoreSubvolumeInfo info = {};
+        int r;
+
+        r = store_subvolume_show(store, name, &info);
+        if (r < 0)
+                return report_failure("subvolume '%s' was made, but reading it back failed: %s",
+                                      name, error_text(r));
+
+        _cleanup_json_ json_t *doc = record_to_json(subvolume_fields, &info);
+        return json_print(doc);
+}
+
+static int verb_create(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_store_ Store *store = NULL;
+        const char *name;
+        int r;
+
+        r = parse_names(tool, cmd, argc, argv, 1);
+        if (r != 0)
+                return r;
+        name = argv[optind];
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+
+        r = store_subvolume_create(store, name);
+        if (r == -EEXIST)
+                return report_name_taken(name);
+        if (r < 0)
+                return report_failure("cannot create subvolume '%s': %s", name, error_text(r));
+
+        if (tool->json)
+                return print_subvolume_json(store, name);
+        printf("Created subvolume '%s'.\n", name);
+        return EXIT_SUCCESS;
+}
+
+static int verb_snapshot(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_store_ Store *store = NULL;
+        const char *source, *name;
+        bool readonly = false;
+        int c, r;
+
+        while ((c = command_getopt(tool, cmd, argc, argv)) > 0)
+                if (c == 'r')
+                        readonly = true;
+        if (c < 0)
+                return options_exit_status(c);
+
+        r = command_check_arguments(cmd, argc, argv, 2, 2);
+        if (r != 0)
+                return r;
+        source = argv[optind];
+        name = argv[optind + 1];
+        r = command_check_name(cmd, source);
+        if (r == 0)
+                r = command_check_name(cmd, name);
+        if (r != 0)
+                return r;
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+
+        r = store_subvolume_snapshot(store, source, name, readonly);
+        if (r == -ENOENT)
+                return report_no_subvolume(source);
+        if (r == -EEXIST)
+                return report_name_taken(name);
+        if (r < 0)
+                return report_failure("cannot snapshot '%s' as '%s': %s", source, name, error_text(r));
+
+        if (tool->json)
+                return print_subvolume_json(store, name);
+        printf("Created %s snapshot '%s' of '%s'.\n", readonly ? "read-only" : "writable", name, source);
+        return EXIT_SUCCESS;
+}
+
+/* Deletion only marks the subvolume gone; unless told not to, start the
+ * reaper now, so that the space comes back without anyone asking. */
+static bool start_reaper(Store *store, const char *name) {
+        int r;
+
+        r = store_reap_in_background(store);
+        if (r < 0) {
+                report_warning("subvolume '%s' is deleted, but the reaper did not start (%s), ignoring; "
+                               "run '" PROGRAM_NAME " reap' to free its space", name, error_text(r));
+                return false;
+        }
+        return true;
+}
+
+static void print_deleted_text(const char *name, bool reap, bool reaper_started) {
+        if (reaper_started)
+                printf("Deleted subvolume '%s'; the reaper frees its space in the background.\n", name);
+        else if (!reap)
+                printf("Deleted subvolume '%s'; its space is freed by the next '" PROGRAM_NAME " reap'.\n",
+                       name);
+        else
+                printf("Deleted subvolume '%s'.\n", name);
+}
+
+static int verb_delete(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_store_ Store *store = NULL;
+        DeleteResult result = {};
+        pid_t holder = 0;
+        bool reap = true;
+        int c, r;
+
+        while ((c = command_getopt(tool, cmd, argc, argv)) > 0)
+                if (c == ARG_NO_REAP)
+                        reap = false;
+        if (c < 0)
+                return options_exit_status(c);
+
+        r = command_check_arguments(cmd, argc, argv, 1, 1);
+        if (r != 0)
+                return r;
+        result.name = argv[optind];
+        r = command_check_name(cmd, result.name);
+        if (r != 0)
+                return r;
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+
+        r = store_subvolume_delete(store, result.name, &holder);
+        if (r == -ENOENT)
+                return report_no_subvolume(result.name);
+        if (r == -EBUSY)
+                return report_subvolume_busy(result.name, holder, "unmount it (fusermount3 -u "
+                                             "MOUNTPOINT) or stop that process, then delete it");
+        if (r < 0)
+                return report_failure("cannot delete subvolume '%s': %s", result.name, error_text(r));
+
+        if (reap)
+                result.reaper_started = start_reaper(store, result.name);
+
+        if (tool->json) {
+                _cleanup_json_ json_t *doc = record_to_json(delete_fields, &result);
+                return json_print(doc);
+        }
+        print_deleted_text(result.name, reap, result.reaper_started);
+        return EXIT_SUCCESS;
+}
+
+static int verb_list(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_(subvolume_list_done) SubvolumeList list = {};
+        _cleanup_store_ Store *store = NULL;
+        int r;
+
+        r = parse_names(tool, cmd, argc, argv, 0);
+        if (r != 0)
+                return r;
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+
+        r = store_subvolume_list(store, &list.items, &list.n);
+        if (r < 0)
+                return report_failure("cannot list the subvolumes of %s: %s", store_path(store), error_text(r));
+
+        if (tool->json) {
+                _cleanup_json_ json_t *doc = json_object();
+                if (!json_add(doc, "subvolumes", records_to_json(subvolume_fields, list.items,
+                                                                 sizeof(StoreSubvolumeInfo), list.n)))
+                        return json_print(NULL);
+                return json_print(doc);
+        }
+
+        if (list.n == 0) {
+                printf("No subvolumes in %s (create one with '" PROGRAM_NAME " subvolume create NAME').\n",
+                       store_path(store));
+                return EXIT_SUCCESS;
+        }
+        records_print(tool, subvolume_fields, list.items, sizeof(StoreSubvolumeInfo), list.n);
+        return EXIT_SUCCESS;
+}
+
+static int verb_show(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_(store_subvolume_info_clear) StoreSubvolumeInfo info = {};
+        _cleanup_store_ Store *store = NULL;
+        const char *name;
+        int r;
+
+        r = parse_names(tool, cmd, argc, argv, 1);
+        if (r != 0)
+                return r;
+        name = argv[optind];
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+
+        r = store_subvolume_show(store, name, &info);
+        if (r == -ENOENT)
+                return report_no_subvolume(name);
+        if (r < 0)
+                return report_failure("cannot show subvolume '%s': %s", name, error_text(r));
+
+        if (tool->json) {
+                _cleanup_json_ json_t *doc = record_to_json(subvolume_fields, &info);
+                return json_print(doc);
+        }
+        record_print(tool, subvolume_fields, &info, 0);
+        return EXIT_SUCCESS;
+}
+
+static const Command subvolume_create = {
+        .name = "subvolume create",
+        .synopsis = "NAME",
+        .summary = "Create an empty, writable subvolume.",
+        .description =
+                "NAME is 1 to 255 bytes, without '/' or control characters, and not '.' or '..'.\n"
+                "With --json, prints the new subvolume as 'subvolume show' does.\n",
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " subvolume create base",
+                NULL,
+        },
+        .flags = COMMAND_JSON,
+        .run = verb_create,
+};
+
+static const Command subvolume_snapshot = {
+        .name = "subvolume snapshot",
+        .synopsis = "[-r|--readonly] SOURCE NAME",
+        .summary = "Snapshot subvolume SOURCE as NAME, in constant time whatever its size.",
+        .description =
+                "The snapshot shares all of SOURCE's data; from then on each changes on its own,\n"
+                "and only what changes takes new space. SOURCE may be mounted writable: the\n"
+                "process serving it takes the snapshot at a consistent point. Read-only snapshots\n"
+                "suit images and backups; writable ones suit sandboxes and workspaces.\n"
+                "With --json, prints the new subvolume as 'subvolume show' does.\n",
+        .options = (const CommandOption[]) {
+                { 'r', "readonly", NULL, "make the snapshot read-only (default: writable)" },
+                {}
+        },
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " subvolume snapshot --readonly base base-v1",
+                PROGRAM_NAME " subvolume snapshot base-v1 build-1234",
+                NULL,
+        },
+        .flags = COMMAND_JSON,
+        .run = verb_snapshot,
+};
+
+static const Command subvolume_delete = {
+        .name = "subvolume delete",
+        .synopsis = "[--no-reap] NAME",
+        .summary = "Delete a subvolume, at once; its space is freed in the background.",
+        .description =
+                "Deletion marks the subvolume deleted in one transaction and returns. The reaper\n"
+                "then frees the space that only this subvolume used: it is started in the\n"
+                "background unless --no-reap is given (see '" PROGRAM_NAME " reap'). Snapshots\n"
+                "of the subvolume are not affected. A subvolume mounted writable cannot be\n"
+                "deleted: unmount it first with 'fusermount3 -u MOUNTPOINT'.\n",
+        .options = (const CommandOption[]) {
+                { ARG_NO_REAP, "no-reap", NULL, "do not start the reaper: the space stays in use\n"
+                  "until '" PROGRAM_NAME " reap' runs" },
+                {}
+        },
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " subvolume delete build-1234",
+                PROGRAM_NAME " subvolume delete --no-reap build-1234 && " PROGRAM_NAME " reap --wait",
+                NULL,
+        },
+        .flags = COMMAND_JSON,
+        .run = verb_delete,
+};
+
+static const Command subvolume_list = {
+        .name = "subvolume list",
+        .synopsis = "[--raw]",
+        .summary = "List the subvolumes of the store.",
+        .description =
+                "For each subvolume: its id, name, whether it is read-only, its space, and the\n"
+                "process that has it mounted writable, if any. Logical is what its files hold;\n"
+                "referenced is what its layers store on disk after compression and deduplication;\n"
+                "exclusive is what deleting it would free. With --json, every field of\n"
+                "'subvolume show' is given for each subvolume, sizes in bytes.\n",
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " subvolume list",
+                PROGRAM_NAME " --json subvolume list",
+                NULL,
+        },
+        .flags = COMMAND_JSON | COMMAND_SIZES,
+        .run = verb_list,
+};
+
+static const Command subvolume_show = {
+        .name = "subvolume show",
+        .synopsis = "[--raw] NAME",
+        .summary = "Show everything known about a subvolume.",
+        .description =
+                "Its id, name, UUID and the UUID of the subvolume it is a snapshot of, whether it is\n"
+                "read-only, when it was created, its stack of layers (top layer and depth), its\n"
+                "space (see 'subvolume list'), its number of inodes, and the process that has it\n"
+                "mounted writable, if any.\n",
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " subvolume show base",
+                PROGRAM_NAME " --json subvolume show base",
+                NULL,
+        },
+        .flags = COMMAND_JSON | COMMAND_SIZES,
+        .run = verb_show,
+};
+
+static const Command *const subvolume_verbs[] = {
+        &subvolume_create,
+        &subvolume_snapshot,
+        &subvolume_delete,
+        &subvolume_list,
+        &subvolume_show,
+        NULL,
+};
+
+const Command command_subvolume = {
+        .name = "subvolume",
+        .synopsis = "COMMAND [ARGS...]",
+        .summary = "Create, snapshot, delete, list and show subvolumes.",
+        .description =
+                "A subvolume is a tree of files, stored as a stack of layers. Snapshots and\n"
+                "deletion cost the same whatever the tree's size; to use a subvolume's files,\n"
+                "mount it (see '" PROGRAM_NAME " mount --help').\n",
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " subvolume create base",
+                PROGRAM_NAME " subvolume snapshot -r base base-v1",
+                PROGRAM_NAME " subvolume list",
+                PROGRAM_NAME " subvolume delete base-v1",
+                NULL,
+        },
+        .flags = COMMAND_JSON,
+        .verbs = subvolume_verbs,
+};

@@ -1,0 +1,526 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * Data blocks: addressed by their keyed XXH3-128 digest, compressed with
+ * zstd when that saves space, appended to pack files, indexed in the
+ * catalog. Each writing process appends to a pack of its own (held with an
+ * exclusive flock), so writers never contend for a pack.
+ *
+ * Durability order at commit: the pack is fdatasync'd before its blocks
+ * are indexed, and blocks are indexed before a layer that references them
+ * commits. A crash at any point leaves at most unreferenced records, which
+ * the reaper frees.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include "sqlite-util.h"
+#include "store-internal.h"
+
+#define PACK_MAX_BYTES (1024ull * 1024 * 1024)
+#define PACK_FD_CACHE 64
+#define READ_CACHE_SLOTS 64
+#define ZSTD_LEVEL 3
+
+typedef struct PendingBlock {
+        Digest digest;
+        BlockLocation loc;
+} PendingBlock;
+
+typedef struct CachedBlock {
+        bool valid;
+        Digest digest;
+        uint32_t len;
+        uint8_t *data;
+} CachedBlock;
+
+typedef struct PackFd {
+        uint64_t id;
+        int fd;
+} PackFd;
+
+struct Packs {
+        pthread_mutex_t lock;
+
+        /* The pack this process appends to. */
+        int writer_fd;
+        uint64_t writer_id;
+        uint64_t writer_end;
+        bool writer_unsynced;
+
+        /* Blocks appended but not indexed yet. */
+        PendingBlock *pending;
+        size_t n_pending, allocated_pending;
+
+        PackFd fds[PACK_FD_CACHE];
+        unsigned next_fd_slot;
+
+        CachedBlock cache[READ_CACHE_SLOTS];
+
+        ZSTD_CCtx *cctx;
+        ZSTD_DCtx *dctx;
+        uint8_t *scratch;       /* a record being written or read */
+};
+
+void digest_to_hex(const Digest *d, char ret[static 33]) {
+        for (size_t i = 0; i < sizeof d->bytes; i++)
+                snprintf(ret + 2 * i, 3, "%02x", d->bytes[i]);
+}
+
+static size_t record_max(void) {
+        return sizeof(PackRecordHeader) + ZSTD_compressBound(STORE_BLOCK_SIZE);
+}
+
+int packs_new(Store *s, struct Packs **ret) {
+        struct Packs *p;
+
+        p = calloc(1, sizeof *p);
+        if (!p)
+                return -ENOMEM;
+        pthread_mutex_init(&p->lock, NULL);
+        p->writer_fd = -EBADF;
+        for (size_t i = 0; i < PACK_FD_CACHE; i++)
+                p->fds[i].fd = -EBADF;
+        p->cctx = ZSTD_createCCtx();
+        p->dctx = ZSTD_createDCtx();
+        p->scratch = malloc(record_max());
+        if (!p->cctx || !p->dctx || !p->scratch) {
+                packs_free(p);
+                return -ENOMEM;
+        }
+        (void) ZSTD_CCtx_setParameter(p->cctx, ZSTD_c_compressionLevel, ZSTD_LEVEL);
+        *ret = p;
+        return 0;
+}
+
+struct Packs *packs_free(struct Packs *p) {
+        if (!p)
+                return NULL;
+        safe_close(p->writer_fd);
+        for (size_t i = 0; i < PACK_FD_CACHE; i++)
+                safe_close(p->fds[i].fd);
+        for (size_t i = 0; i < READ_CACHE_SLOTS; i++)
+                free(p->cache[i].data);
+        free(p->pending);
+        ZSTD_freeCCtx(p->cctx);
+        ZSTD_freeDCtx(p->dctx);
+        free(p->scratch);
+        pthread_mutex_destroy(&p->lock);
+        free(p);
+        return NULL;
+}
+
+void block_digest(Store *s, const void *data, size_t len, Digest *ret) {
+        XXH128_canonical_t c;
+
+        XXH128_canonicalFromHash(&c, XXH3_128bits_withSecret(data, len, s->secret, sizeof s->secret));
+        memcpy(ret->bytes, c.digest, sizeof ret->bytes);
+}
+
+static PendingBlock *pending_find(struct Packs *p, const Digest *d) {
+        /* Scanned newest first: the batch is bounded by the commit interval. */
+        for (size_t i = p->n_pending; i > 0; i--)
+                if (memcmp(p->pending[i - 1].digest.bytes, d->bytes, sizeof d->bytes) == 0)
+                        return &p->pending[i - 1];
+        return NULL;
+}
+
+static int index_lookup(Store *s, const Digest *d, BlockLocation *ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT pack, offset, stored_len, raw_len FROM blocks WHERE digest = ?1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_blob(st, 1, d->bytes, sizeof d->bytes, SQLITE_STATIC);
+        r = sqlite_step_row(st);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return -ENOENT;
+        *ret = (BlockLocation) {
+                .pack = (uint64_t) sqlite3_column_int64(st, 0),
+                .offset = (uint64_t) sqlite3_column_int64(st, 1),
+                .stored_len = (uint32_t) sqlite3_column_int(st, 2),
+                .raw_len = (uint32_t) sqlite3_column_int(st, 3),
+        };
+        return 0;
+}
+
+int block_lookup(Store *s, const Digest *d, BlockLocation *ret) {
+        struct Packs *p = s->packs;
+
+        {
+                MUTEX_LOCKED(&p->lock);
+                PendingBlock *pb = pending_find(p, d);
+                if (pb) {
+                        *ret = pb->loc;
+                        return 0;
+                }
+        }
+        return index_lookup(s, d, ret);
+}
+
+static void pack_file_name(uint64_t id, char ret[static 32]) {
+        snprintf(ret, 32, "%" PRIu64 ".pack", id);
+}
+
+/* Registers a new pack in the catalog and creates it, locked for us. */
+static int writer_open_new_pack(Store *s) {
+        struct Packs *p = s->packs;
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        char name[32];
+        uint64_t id;
+        int r;
+
+        {
+                CATALOG_LOCKED(s);
+                r = sqlite_prepare(s->catalog, "INSERT INTO packs(created_usec) VALUES (?1)", &st);
+                if (r < 0)
+                        return r;
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) now_usec());
+                r = sqlite_step_done(st);
+                if (r < 0)
+                        return r;
+                id = (uint64_t) sqlite3_last_insert_rowid(s->catalog);
+        }
+
+        pack_file_name(id, name);
+        fd = openat(s->packs_fd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0)
+                return -errno;
+        if (flock(fd, LOCK_EX | LOCK_NB) < 0)
+                return -errno;
+        if (fsync(s->packs_fd) < 0)
+                return -errno;
+
+        safe_close(p->writer_fd);
+        p->writer_fd = TAKE_FD(fd);
+        p->writer_id = id;
+        p->writer_end = 0;
+        return 0;
+}
+
+/* Compresses when that saves at least 1/16 of the block. */
+static size_t record_encode(struct Packs *p, const void *data, size_t len, const Digest *d) {
+        PackRecordHeader *h = (PackRecordHeader *) p->scratch;
+        uint8_t *payload = p->scratch + sizeof *h;
+        size_t stored;
+        uint8_t compression = PACK_COMPRESSION_ZSTD;
+
+        stored = ZSTD_compress2(p->cctx, payload, ZSTD_compressBound(STORE_BLOCK_SIZE), data, len);
+        if (ZSTD_isError(stored) || stored >= len - len / 16) {
+                memcpy(payload, data, len);
+                stored = len;
+                compression = PACK_COMPRESSION_NONE;
+        }
+
+        *h = (PackRecordHeader) {
+                .magic = PACK_RECORD_MAGIC,
+                .version = 1,
+                .compression = compression,
+                .raw_len = (uint32_t) len,
+                .stored_len = (uint32_t) stored,
+                .payload_check = XXH3_64bits(payload, stored),
+        };
+        memcpy(h->digest, d->bytes, sizeof h->digest);
+        h->header_check = XXH32(h, offsetof(PackRecordHeader, header_check), 0);
+        return sizeof *h + stored;
+}
+
+static int pending_add(struct Packs *p, const Digest *d, const BlockLocation *loc) {
+        if (p->n_pending == p->allocated_pending) {
+                size_t n = MAX(p->allocated_pending * 2, 64u);
+                PendingBlock *q = realloc(p->pending, n * sizeof *q);
+                if (!q)
+                        return -ENOMEM;
+                p->pending = q;
+                p->allocated_pending = n;
+        }
+        p->pending[p->n_pending++] = (PendingBlock) { .digest = *d, .loc = *loc };
+        return 0;
+}
+
+int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLocation *ret) {
+        struct Packs *p = s->packs;
+        BlockLocation loc;
+        size_t n;
+        ssize_t k;
+        int r;
+
+        if (len == 0 || len > STORE_BLOCK_SIZE)
+                return -EINVAL;
+
+        r = block_lookup(s, d, ret);
+        if (r != -ENOENT)
+                return r;
+
+        MUTEX_LOCKED(&p->lock);
+        if (p->writer_fd < 0 || p->writer_end >= PACK_MAX_BYTES) {
+                if (p->writer_fd >= 0 && p->writer_unsynced && fdatasync(p->writer_fd) < 0)
+                        return -errno;
+                r = writer_open_new_pack(s);
+                if (r < 0)
+                        return r;
+        }
+
+        n = record_encode(p, data, len, d);
+        k = pwrite(p->writer_fd, p->scratch, n, (off_t) p->writer_end);
+        if (k < 0)
+                return -errno;
+        if ((size_t) k != n) {
+                /* A short write means the disk is full; the partial record
+                 * at the tail is never indexed. */
+                (void) ftruncate(p->writer_fd, (off_t) p->writer_end);
+                return -ENOSPC;
+        }
+
+        loc = (BlockLocation) {
+                .pack = p->writer_id,
+                .offset = p->writer_end,
+                .stored_len = (uint32_t) (n - sizeof(PackRecordHeader)),
+                .raw_len = (uint32_t) len,
+        };
+        r = pending_add(p, d, &loc);
+        if (r < 0)
+                return r;
+        p->writer_end += n;
+        p->writer_unsynced = true;
+        *ret = loc;
+        return 0;
+}
+
+int block_commit(Store *s) {
+        struct Packs *p = s->packs;
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        MUTEX_LOCKED(&p->lock);
+        if (p->writer_unsynced) {
+                if (fdatasync(p->writer_fd) < 0)
+                        return -errno;
+                p->writer_unsynced = false;
+        }
+        if (p->n_pending == 0)
+                return 0;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_begin(s->catalog);
+        if (r < 0)
+                return r;
+        r = sqlite_prepare(s->catalog, "INSERT OR IGNORE INTO blocks(digest, pack, offset, stored_len, raw_len) "
+                                       "VALUES (?1, ?2, ?3, ?4, ?5)", &st);
+        if (r < 0)
+                goto fail;
+        for (size_t i = 0; i < p->n_pending; i++) {
+                const PendingBlock *pb = &p->pending[i];
+
+                sqlite3_bind_blob(st, 1, pb->digest.bytes, sizeof pb->digest.bytes, SQLITE_STATIC);
+                sqlite3_bind_int64(st, 2, (sqlite3_int64) pb->loc.pack);
+                sqlite3_bind_int64(st, 3, (sqlite3_int64) pb->loc.offset);
+                sqlite3_bind_int(st, 4, (int) pb->loc.stored_len);
+                sqlite3_bind_int(st, 5, (int) pb->loc.raw_len);
+                r = sqlite_step_done(st);
+                if (r < 0)
+                        goto fail;
+        }
+        r = sqlite_commit(s->catalog);
+        if (r < 0)
+                goto fail;
+        p->n_pending = 0;
+        return 0;
+fail:
+        sqlite_rollback(s->catalog);
+        return r;
+}
+
+void block_count_corruption(Store *s) {
+        CATALOG_LOCKED(s);
+        (void) sqlite_exec(s->catalog, "UPDATE counters SET value = value + 1 WHERE key = 'corruption_events'");
+}
+
+int pack_fd(Store *s, uint64_t pack) {
+        struct Packs *p = s->packs;
+        PackFd *slot;
+        char name[32];
+        int fd;
+
+        /* Caller holds p->lock. */
+        if (pack == p->writer_id && p->writer_fd >= 0)
+                return p->writer_fd;
+        for (size_t i = 0; i < PACK_FD_CACHE; i++)
+                if (p->fds[i].fd >= 0 && p->fds[i].id == pack)
+                        return p->fds[i].fd;
+
+        pack_file_name(pack, name);
+        fd = openat(s->packs_fd, name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        slot = &p->fds[p->next_fd_slot++ % PACK_FD_CACHE];
+        safe_close(slot->fd);
+        *slot = (PackFd) { .id = pack, .fd = fd };
+        return fd;
+}
+
+int pack_record_decode(Store *s, const void *record, size_t record_len, const Digest *expect,
+                       void *buf, const char **ret_reason) {
+        const PackRecordHeader *h = record;
+        const uint8_t *payload = (const uint8_t *) record + sizeof *h;
+        ZSTD_DCtx *dctx = s->packs->dctx;
+        Digest actual;
+        size_t n;
+
+#define BAD(reason) ({ if (ret_reason) *ret_reason = (reason); -EIO; })
+        if (record_len < sizeof *h)
+                return BAD("truncated record");
+        if (h->magic != PACK_RECORD_MAGIC || h->version != 1)
+                return BAD("bad record header");
+        if (h->header_check != XXH32(h, offsetof(PackRecordHeader, header_check), 0))
+                return BAD("header checksum mismatch");
+        if (h->stored_len != record_len - sizeof *h || h->raw_len == 0 || h->raw_len > STORE_BLOCK_SIZE)
+                return BAD("record length mismatch");
+        if (memcmp(h->digest, expect->bytes, sizeof h->digest) != 0)
+                return BAD("record holds another block");
+        if (h->payload_check != XXH3_64bits(payload, h->stored_len))
+                return BAD("data checksum mismatch");
+
+        if (h->compression == PACK_COMPRESSION_ZSTD) {
+                n = ZSTD_decompressDCtx(dctx, buf, STORE_BLOCK_SIZE, payload, h->stored_len);
+                if (ZSTD_isError(n) || n != h->raw_len)
+                        return BAD("decompression failed");
+        } else if (h->compression == PACK_COMPRESSION_NONE) {
+                if (h->stored_len != h->raw_len)
+                        return BAD("record length mismatch");
+                memcpy(buf, payload, h->raw_len);
+        } else
+                return BAD("unknown compression");
+
+        /* The end-to-end check: the content is the block that was asked for. */
+        block_digest(s, buf, h->raw_len, &actual);
+        if (memcmp(actual.bytes, expect->bytes, sizeof actual.bytes) != 0)
+                return BAD("content digest mismatch");
+#undef BAD
+        return (int) h->raw_len;
+}
+
+int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, void *buf, const char **ret_reason) {
+        struct Packs *p = s->packs;
+        CachedBlock *c;
+        size_t len = sizeof(PackRecordHeader) + loc->stored_len;
+        ssize_t k;
+        int fd, r;
+
+        if (loc->stored_len > ZSTD_compressBound(STORE_BLOCK_SIZE)) {
+                if (ret_reason)
+                        *ret_reason = "index entry damaged";
+                return -EIO;
+        }
+
+        MUTEX_LOCKED(&p->lock);
+        c = &p->cache[d->bytes[0] % READ_CACHE_SLOTS];
+        if (c->valid && memcmp(c->digest.bytes, d->bytes, sizeof d->bytes) == 0 && !ret_reason) {
+                memcpy(buf, c->data, c->len);
+                return (int) c->len;
+        }
+
+        fd = pack_fd(s, loc->pack);
+        if (fd < 0) {
+                if (ret_reason)
+                        *ret_reason = "pack file missing";
+                return fd == -ENOENT ? -EIO : fd;
+        }
+        k = pread(fd, p->scratch, len, (off_t) loc->offset);
+        if (k < 0)
+                return -errno;
+        r = pack_record_decode(s, p->scratch, (size_t) k == len ? len : sizeof(PackRecordHeader) - 1,
+                               d, buf, ret_reason);
+        if (r < 0)
+                return r;
+
+        if (!c->data)
+                c->data = malloc(STORE_BLOCK_SIZE);
+        if (c->data) {
+                memcpy(c->data, buf, (size_t) r);
+                c->digest = *d;
+                c->len = (uint32_t) r;
+                c->valid = true;
+        }
+        return r;
+}
+
+int block_read_at(Store *s, const Digest *d, const BlockLocation *loc, void *buf) {
+        int r = block_read_at_reason(s, d, loc, buf, NULL);
+        if (r == -EIO)
+                block_count_corruption(s);
+        return r;
+}
+
+int block_read(Store *s, const Digest *d, void *buf) {
+        BlockLocation loc;
+        int r;
+
+        r = block_lookup(s, d, &loc);
+        if (r == -ENOENT) {
+                /* A layer references a block the index does not know. */
+                block_count_corruption(s);
+                return -EIO;
+        }
+        if (r < 0)
+                return r;
+        return block_read_at(s, d, &loc, buf);
+}
+
+int block_free(Store *s, const Digest *d, const BlockLocation *loc) {
+        _cleanup_close_ int fd = -EBADF;
+        char name[32];
+        struct Packs *p = s->packs;
+
+        {
+                MUTEX_LOCKED(&p->lock);
+                CachedBlock *c = &p->cache[d->bytes[0] % READ_CACHE_SLOTS];
+                if (c->valid && memcmp(c->digest.bytes, d->bytes, sizeof d->bytes) == 0)
+                        c->valid = false;
+        }
+
+        pack_file_name(loc->pack, name);
+        fd = openat(s->packs_fd, name, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOENT ? 0 : -errno;
+        if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t) loc->offset,
+                      (off_t) (sizeof(PackRecordHeader) + loc->stored_len)) < 0)
+                return errno == EOPNOTSUPP ? 0 : -errno;
+        return 0;
+}
+
+uint64_t packs_disk_bytes(Store *s) {
+        _cleanup_close_ int fd = fcntl(s->packs_fd, F_DUPFD_CLOEXEC, 3);
+        struct dirent *de;
+        uint64_t total = 0;
+        DIR *d;
+
+        if (fd < 0)
+                return 0;
+        d = fdopendir(fd);
+        if (!d)
+                return 0;
+        TAKE_FD(fd);
+        rewinddir(d);
+        while ((de = readdir(d))) {
+                struct stat st;
+
+                if (de->d_name[0] != '.' && fstatat(dirfd(d), de->d_name, &st, 0) >= 0)
+                        total += (uint64_t) st.st_blocks * 512;
+        }
+        closedir(d);
+        return total;
+}

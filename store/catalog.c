@@ -1,0 +1,419 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/* The catalog: subvolumes, the tree of layers, the block index. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+
+#include "sqlite-util.h"
+#include "store-internal.h"
+
+static const char catalog_schema[] =
+        "CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
+        "CREATE TABLE layers("
+        "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        "  parent INTEGER REFERENCES layers(id),"
+        "  created_usec INTEGER NOT NULL);"
+        "CREATE INDEX layers_parent ON layers(parent);"
+        "CREATE TABLE subvolumes("
+        "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        "  name TEXT NOT NULL,"
+        "  uuid TEXT NOT NULL,"
+        "  parent_uuid TEXT NOT NULL DEFAULT '',"
+        "  readonly INTEGER NOT NULL,"
+        "  created_usec INTEGER NOT NULL,"
+        "  top_layer INTEGER NOT NULL REFERENCES layers(id),"
+        "  deleted INTEGER NOT NULL DEFAULT 0);"
+        "CREATE UNIQUE INDEX subvolumes_live_name ON subvolumes(name) WHERE deleted = 0;"
+        "CREATE TABLE packs(id INTEGER PRIMARY KEY AUTOINCREMENT, created_usec INTEGER NOT NULL);"
+        "CREATE TABLE blocks("
+        "  digest BLOB PRIMARY KEY,"
+        "  pack INTEGER NOT NULL,"
+        "  offset INTEGER NOT NULL,"
+        "  stored_len INTEGER NOT NULL,"
+        "  raw_len INTEGER NOT NULL) WITHOUT ROWID;"
+        "CREATE TABLE counters(key TEXT PRIMARY KEY, value INTEGER NOT NULL);"
+        "INSERT INTO counters VALUES ('corruption_events', 0);";
+
+/* The layers reachable from the tops of live subvolumes. */
+#define LIVE_LAYERS_CTE                                                                \
+        "WITH RECURSIVE live(layer) AS ("                                              \
+        "  SELECT top_layer FROM subvolumes WHERE deleted = 0"                         \
+        "  UNION SELECT layers.parent FROM live JOIN layers ON layers.id = live.layer" \
+        "  WHERE layers.parent IS NOT NULL) "
+
+int catalog_create_schema(sqlite3 *db) {
+        return sqlite_exec(db, catalog_schema);
+}
+
+void subvolume_record_clear(SubvolumeRecord *r) {
+        free(r->name);
+        r->name = NULL;
+}
+
+static int subvolume_record_from_row(sqlite3_stmt *st, SubvolumeRecord *ret) {
+        *ret = (SubvolumeRecord) {
+                .id = (uint64_t) sqlite3_column_int64(st, 0),
+                .readonly = sqlite3_column_int(st, 4),
+                .created_usec = (uint64_t) sqlite3_column_int64(st, 5),
+                .top_layer = (uint64_t) sqlite3_column_int64(st, 6),
+        };
+        ret->name = strdup((const char *) sqlite3_column_text(st, 1));
+        if (!ret->name)
+                return -ENOMEM;
+        snprintf(ret->uuid, sizeof ret->uuid, "%s", (const char *) sqlite3_column_text(st, 2));
+        snprintf(ret->parent_uuid, sizeof ret->parent_uuid, "%s", (const char *) sqlite3_column_text(st, 3));
+        return 0;
+}
+
+#define SUBVOLUME_COLUMNS "id, name, uuid, parent_uuid, readonly, created_usec, top_layer"
+
+static int find_subvolume(Store *s, const char *sql, const char *name, uint64_t id, SubvolumeRecord *ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, sql, &st);
+        if (r < 0)
+                return r;
+        if (name)
+                sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        else
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) id);
+        r = sqlite_step_row(st);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return -ENOENT;
+        return subvolume_record_from_row(st, ret);
+}
+
+int catalog_find_subvolume(Store *s, const char *name, SubvolumeRecord *ret) {
+        return find_subvolume(s, "SELECT " SUBVOLUME_COLUMNS " FROM subvolumes WHERE name = ?1 AND deleted = 0",
+                              name, 0, ret);
+}
+
+int catalog_find_subvolume_by_id(Store *s, uint64_t id, SubvolumeRecord *ret) {
+        return find_subvolume(s, "SELECT " SUBVOLUME_COLUMNS " FROM subvolumes WHERE id = ?1 AND deleted = 0",
+                              NULL, id, ret);
+}
+
+int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        SubvolumeRecord *recs = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT " SUBVOLUME_COLUMNS " FROM subvolumes WHERE deleted = 0 ORDER BY name", &st);
+        if (r < 0)
+                return r;
+        while ((r = sqlite_step_row(st)) > 0) {
+                if (n == allocated) {
+                        SubvolumeRecord *p;
+
+                        allocated = MAX(allocated * 2, 16u);
+                        p = realloc(recs, allocated * sizeof *recs);
+                        if (!p) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        recs = p;
+                }
+                r = subvolume_record_from_row(st, &recs[n]);
+                if (r < 0)
+                        break;
+                n++;
+        }
+        if (r < 0) {
+                for (size_t i = 0; i < n; i++)
+                        subvolume_record_clear(&recs[i]);
+                free(recs);
+                return r;
+        }
+        *ret = recs;
+        *ret_n = n;
+        return 0;
+}
+
+int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_n) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_free_ uint64_t *ids = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT parent FROM layers WHERE id = ?1", &st);
+        if (r < 0)
+                return r;
+
+        for (uint64_t id = top; id != 0;) {
+                if (n == allocated) {
+                        uint64_t *p;
+
+                        allocated = MAX(allocated * 2, 8u);
+                        p = realloc(ids, allocated * sizeof *ids);
+                        if (!p)
+                                return -ENOMEM;
+                        ids = p;
+                }
+                if (n > 100000) /* a loop in the tree: never made by us */
+                        return -EUCLEAN;
+                ids[n++] = id;
+
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) id);
+                r = sqlite_step_row(st);
+                if (r < 0)
+                        return r;
+                if (r == 0) {
+                        sqlite3_reset(st);
+                        return -EUCLEAN;
+                }
+                id = (uint64_t) sqlite3_column_int64(st, 0);
+                sqlite3_reset(st);
+        }
+
+        *ret_ids = TAKE_PTR(ids);
+        *ret_n = n;
+        return 0;
+}
+
+static int insert_layer(Store *s, uint64_t parent, uint64_t *ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        r = sqlite_prepare(s->catalog, "INSERT INTO layers(parent, created_usec) VALUES (?1, ?2)", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64) now_usec());
+        r = sqlite_step_done(st);
+        if (r < 0)
+                return r;
+        *ret = (uint64_t) sqlite3_last_insert_rowid(s->catalog);
+        return 0;
+}
+
+static int set_top_layer(Store *s, uint64_t subvolume, uint64_t layer) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET top_layer = ?1 WHERE id = ?2", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) layer);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64) subvolume);
+        return sqlite_step_done(st);
+}
+
+static int insert_snapshot_record(Store *s, const SubvolumeRecord *source, const char *name,
+                                  bool readonly, uint64_t top) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        char uuid[37];
+        int r;
+
+        r = uuid_generate_string(uuid);
+        if (r < 0)
+                return r;
+        r = sqlite_prepare(s->catalog,
+                           "INSERT INTO subvolumes(name, uuid, parent_uuid, readonly, created_usec, top_layer) "
+                           "VALUES (?1, ?2, ?3, ?4, ?5, ?6)", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, uuid, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 3, source->uuid, -1, SQLITE_STATIC);
+        sqlite3_bind_int(st, 4, readonly);
+        sqlite3_bind_int64(st, 5, (sqlite3_int64) now_usec());
+        sqlite3_bind_int64(st, 6, (sqlite3_int64) top);
+        return sqlite_step_done(st);
+}
+
+/* Freezes the source's top layer T: a writable source moves onto a new
+ * empty layer above T; a writable snapshot gets its own new layer above T;
+ * a read-only snapshot is T itself. Nothing is copied. */
+int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, bool readonly) {
+        uint64_t frozen = source->top_layer, snapshot_top = frozen, source_top;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_begin(s->catalog);
+        if (r < 0)
+                return r;
+
+        if (!source->readonly) {
+                r = insert_layer(s, frozen, &source_top);
+                if (r < 0)
+                        goto fail;
+                r = set_top_layer(s, source->id, source_top);
+                if (r < 0)
+                        goto fail;
+        }
+        if (!readonly) {
+                r = insert_layer(s, frozen, &snapshot_top);
+                if (r < 0)
+                        goto fail;
+        }
+        r = insert_snapshot_record(s, source, name, readonly, snapshot_top);
+        if (r < 0)
+                goto fail;
+        return sqlite_commit(s->catalog);
+fail:
+        sqlite_rollback(s->catalog);
+        return r;
+}
+
+static int lock_file_name(uint64_t id, char ret[static 32]) {
+        snprintf(ret, 32, "subvolume-%" PRIu64 ".lock", id);
+        return 0;
+}
+
+int subvolume_lock(Store *s, uint64_t id, bool exclusive, pid_t *ret_holder) {
+        _cleanup_close_ int fd = -EBADF;
+        char name[32], pid[24];
+        int n;
+
+        lock_file_name(id, name);
+        fd = openat(s->locks_fd, name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0)
+                return -errno;
+        if (flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) < 0) {
+                if (errno != EWOULDBLOCK)
+                        return -errno;
+                if (ret_holder && read_pid_file(s->locks_fd, name, ret_holder) < 0)
+                        *ret_holder = 0;
+                return -EBUSY;
+        }
+
+        /* The holder's pid is for messages only; the lock itself is the flock. */
+        n = snprintf(pid, sizeof pid, "%d\n", (int) getpid());
+        if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t) n, 0) != n)
+                return -errno;
+        return TAKE_FD(fd);
+}
+
+int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder) {
+        _cleanup_close_ int fd = -EBADF;
+        char name[32];
+
+        *ret_holder = 0;
+        lock_file_name(id, name);
+        fd = openat(s->locks_fd, name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOENT ? 0 : -errno;
+        if (flock(fd, LOCK_SH | LOCK_NB) < 0) {
+                if (errno != EWOULDBLOCK)
+                        return -errno;
+                if (read_pid_file(s->locks_fd, name, ret_holder) < 0)
+                        *ret_holder = 0;
+                return 1;
+        }
+        return 0;
+}
+
+static int collect_ids(sqlite3_stmt *st, uint64_t **ret_ids, size_t *ret_n) {
+        _cleanup_free_ uint64_t *ids = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        while ((r = sqlite_step_row(st)) > 0) {
+                if (n == allocated) {
+                        uint64_t *p;
+
+                        allocated = MAX(allocated * 2, 16u);
+                        p = realloc(ids, allocated * sizeof *ids);
+                        if (!p)
+                                return -ENOMEM;
+                        ids = p;
+                }
+                ids[n++] = (uint64_t) sqlite3_column_int64(st, 0);
+        }
+        if (r < 0)
+                return r;
+        *ret_ids = TAKE_PTR(ids);
+        *ret_n = n;
+        return 0;
+}
+
+int catalog_dead_layers(Store *s, uint64_t **ret_ids, size_t *ret_n) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, LIVE_LAYERS_CTE "SELECT id FROM layers WHERE id NOT IN live", &st);
+        if (r < 0)
+                return r;
+        return collect_ids(st, ret_ids, ret_n);
+}
+
+int catalog_live_layers(Store *s, uint64_t **ret_ids, size_t *ret_n) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, LIVE_LAYERS_CTE "SELECT layer FROM live", &st);
+        if (r < 0)
+                return r;
+        return collect_ids(st, ret_ids, ret_n);
+}
+
+int catalog_layer_users(Store *s, uint64_t layer, int64_t *ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog,
+                           "WITH RECURSIVE chain(sub, layer) AS ("
+                           "  SELECT id, top_layer FROM subvolumes WHERE deleted = 0"
+                           "  UNION SELECT chain.sub, layers.parent FROM chain JOIN layers ON layers.id = chain.layer"
+                           "  WHERE layers.parent IS NOT NULL) "
+                           "SELECT count(DISTINCT sub) FROM chain WHERE layer = ?1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) layer);
+        r = sqlite_step_row(st);
+        if (r < 0)
+                return r;
+        *ret = r > 0 ? sqlite3_column_int64(st, 0) : 0;
+        return 0;
+}
+
+int catalog_block_totals(Store *s, uint64_t *ret_blocks, uint64_t *ret_bytes) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT count(*), total(stored_len) FROM blocks", &st);
+        if (r < 0)
+                return r;
+        r = sqlite_step_row(st);
+        if (r < 0)
+                return r;
+        *ret_blocks = (uint64_t) sqlite3_column_int64(st, 0);
+        *ret_bytes = (uint64_t) sqlite3_column_double(st, 1);
+        return 0;
+}
+
+int catalog_metadata_bytes(Store *s, uint64_t *ret_bytes, uint64_t *ret_layers) {
+        _cleanup_free_ uint64_t *ids = NULL;
+        struct stat st;
+        size_t n = 0;
+        uint64_t total = 0;
+        int r;
+
+        r = catalog_live_layers(s, &ids, &n);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++)
+                total += layer_file_bytes(s, ids[i]);
+        FOREACH_STRING(f, "catalog.db", "catalog.db-wal")
+                if (fstatat(s->dir_fd, f, &st, 0) >= 0)
+                        total += (uint64_t) st.st_blocks * 512;
+        *ret_bytes = total;
+        *ret_layers = n;
+        return 0;
+}

@@ -1,0 +1,265 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * Layer folding keeps stacks shallow. A layer L with a single child C, that
+ * is nobody's top, is merged with C into a new layer M = L + C (C's rows win)
+ * that takes C's place; L and C then become unreachable and are dropped.
+ * Both are frozen, so nobody writes them meanwhile; servers that still have
+ * the old stack open keep reading the old files, which stay valid while
+ * open.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
+
+#include "sqlite-util.h"
+#include "store-internal.h"
+
+typedef struct FoldCandidate {
+        uint64_t lower;
+        uint64_t upper;
+        uint64_t parent;        /* the lower's parent, 0 for none */
+} FoldCandidate;
+
+static int find_candidate(Store *s, FoldCandidate *ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog,
+                           "SELECT l.id, c.id, coalesce(l.parent, 0) FROM layers l JOIN layers c ON c.parent = l.id "
+                           "WHERE (SELECT count(*) FROM layers x WHERE x.parent = l.id) = 1"
+                           "  AND l.id NOT IN (SELECT top_layer FROM subvolumes)"
+                           "  AND c.id NOT IN (SELECT top_layer FROM subvolumes WHERE readonly = 0)"
+                           "  AND c.id IN (SELECT top_layer FROM subvolumes UNION SELECT parent FROM layers) "
+                           "ORDER BY l.id LIMIT 1",
+                           &st);
+        if (r < 0)
+                return r;
+        r = sqlite_step_row(st);
+        if (r <= 0)
+                return r;
+        *ret = (FoldCandidate) {
+                .lower = (uint64_t) sqlite3_column_int64(st, 0),
+                .upper = (uint64_t) sqlite3_column_int64(st, 1),
+                .parent = (uint64_t) sqlite3_column_int64(st, 2),
+        };
+        return 1;
+}
+
+static int copy_file(const char *from, const char *to) {
+        _cleanup_close_ int in = -EBADF, out = -EBADF;
+        struct stat st;
+        off_t offset = 0;
+
+        in = open(from, O_RDONLY | O_CLOEXEC);
+        if (in < 0)
+                return -errno;
+        if (fstat(in, &st) < 0)
+                return -errno;
+        out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (out < 0)
+                return -errno;
+        while (offset < st.st_size) {
+                ssize_t n = copy_file_range(in, &offset, out, NULL, (size_t) (st.st_size - offset), 0);
+                if (n < 0)
+                        return -errno;
+                if (n == 0)
+                        return -EIO;
+        }
+        return fsync(out) < 0 ? -errno : 0;
+}
+
+/* Rows of the upper layer replace the lower's; what the upper cut off
+ * (lower_limit, inline contents) goes; whiteouts and holes go too where no
+ * layer lies below. */
+static int apply_upper(sqlite3 *db, const char *upper_path, bool bottom) {
+        _cleanup_free_ char *sql = NULL;
+        LayerCounters c = {};
+        int64_t stored = 0;
+        int r;
+
+        if (asprintf(&sql, "ATTACH 'file:%s?immutable=1' AS upper", upper_path) < 0)
+                return -ENOMEM;
+        r = sqlite_exec(db, sql);
+        if (r < 0)
+                return r;
+
+        r = sqlite_exec(db,
+                "BEGIN;"
+                "CREATE TEMP TABLE lens AS SELECT digest, stored_len FROM main.blockrefs "
+                "  UNION SELECT digest, stored_len FROM upper.blockrefs;"
+                "DELETE FROM main.extents WHERE EXISTS (SELECT 1 FROM upper.inodes u WHERE u.ino = extents.ino"
+                "  AND (u.data IS NOT NULL OR extents.idx * " STRINGIFY(STORE_BLOCK_SIZE) " >= u.lower_limit));"
+                "INSERT OR REPLACE INTO main.inodes SELECT u.ino, u.mode, u.nlink, u.uid, u.gid, u.rdev, u.size,"
+                "  u.atime_ns, u.mtime_ns, u.ctime_ns, u.parent,"
+                "  min(u.lower_limit, coalesce((SELECT m.lower_limit FROM main.inodes m WHERE m.ino = u.ino),"
+                "                              9223372036854775807)), u.data FROM upper.inodes u;"
+                "DELETE FROM main.xattrs WHERE ino IN (SELECT ino FROM upper.inodes);"
+                "INSERT OR REPLACE INTO main.xattrs SELECT * FROM upper.xattrs;"
+                "INSERT OR REPLACE INTO main.dentries SELECT * FROM upper.dentries;"
+                "INSERT OR REPLACE INTO main.extents SELECT * FROM upper.extents;"
+                "DELETE FROM main.info;"
+                "INSERT INTO main.info SELECT * FROM upper.info;");
+        if (r < 0)
+                goto fail;
+        if (bottom) {
+                r = sqlite_exec(db, "DELETE FROM main.dentries WHERE ino = 0;"
+                                    "DELETE FROM main.extents WHERE digest IS NULL;"
+                                    "UPDATE main.inodes SET lower_limit = 0;");
+                if (r < 0)
+                        goto fail;
+        }
+        r = sqlite_exec(db,
+                "DELETE FROM main.blockrefs;"
+                "INSERT INTO main.blockrefs SELECT e.digest, count(*),"
+                "  coalesce((SELECT stored_len FROM lens WHERE lens.digest = e.digest), 0)"
+                "  FROM main.extents e WHERE e.digest IS NOT NULL GROUP BY e.digest;"
+                "DROP TABLE lens;");
+        if (r < 0)
+                goto fail;
+
+        r = sqlite_query_int(db, "SELECT coalesce(sum(stored_len + 48), 0) FROM main.blockrefs", &stored);
+        if (r >= 0)
+                r = layer_read_counters(db, &c);
+        if (r < 0)
+                goto fail;
+        c.stored_bytes = (uint64_t) stored;
+        r = layer_write_counters(db, &c);
+        if (r >= 0)
+                r = sqlite_commit(db);
+        if (r < 0)
+                goto fail;
+        return sqlite_exec(db, "DETACH upper");
+fail:
+        sqlite_rollback(db);
+        return r;
+}
+
+static int new_layer_row(Store *s, uint64_t parent, uint64_t *ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "INSERT INTO layers(parent, created_usec) VALUES (?1, ?2)", &st);
+        if (r < 0)
+                return r;
+        if (parent)
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
+        else
+                sqlite3_bind_null(st, 1);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64) now_usec());
+        r = sqlite_step_done(st);
+        if (r < 0)
+                return r;
+        *ret = (uint64_t) sqlite3_last_insert_rowid(s->catalog);
+        return 0;
+}
+
+/* Builds M's database: a copy of the lower layer with the upper applied. */
+static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
+        _cleanup_free_ char *lower_path = NULL, *upper_path = NULL, *path = NULL, *tmp = NULL;
+        _cleanup_sqlite_ sqlite3 *db = NULL;
+        int r;
+
+        r = layer_path(s, fc->lower, &lower_path);
+        if (r >= 0)
+                r = layer_path(s, fc->upper, &upper_path);
+        if (r >= 0)
+                r = layer_path(s, merged, &path);
+        if (r < 0)
+                return r;
+        if (asprintf(&tmp, "%s.new", path) < 0)
+                return -ENOMEM;
+
+        if (layer_exists(s, fc->lower) > 0) {
+                r = copy_file(lower_path, tmp);
+                if (r < 0)
+                        return r;
+                if (rename(tmp, path) < 0)
+                        return -errno;
+                r = layer_open(s, merged, LAYER_WRITE, &db);
+        } else {
+                LayerCounters c = { .next_ino = 2 };
+
+                r = layer_create(s, merged, &c, false, &db);
+        }
+        if (r < 0)
+                return r;
+
+        if (layer_exists(s, fc->upper) > 0) {
+                r = apply_upper(db, upper_path, fc->parent == 0);
+                if (r < 0)
+                        return r;
+        }
+        return sqlite_exec(db, "PRAGMA journal_mode=DELETE");
+}
+
+static int swap_in(Store *s, const FoldCandidate *fc, uint64_t merged) {
+        _cleanup_stmt_ sqlite3_stmt *a = NULL, *b = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_begin(s->catalog);
+        if (r < 0)
+                return r;
+        r = sqlite_prepare(s->catalog, "UPDATE layers SET parent = ?1 WHERE parent = ?2", &a);
+        if (r >= 0)
+                r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET top_layer = ?1 WHERE top_layer = ?2", &b);
+        if (r >= 0) {
+                sqlite3_bind_int64(a, 1, (sqlite3_int64) merged);
+                sqlite3_bind_int64(a, 2, (sqlite3_int64) fc->upper);
+                r = sqlite_step_done(a);
+        }
+        if (r >= 0) {
+                sqlite3_bind_int64(b, 1, (sqlite3_int64) merged);
+                sqlite3_bind_int64(b, 2, (sqlite3_int64) fc->upper);
+                r = sqlite_step_done(b);
+        }
+        /* Nothing reaches the lower and the upper any more: their rows go
+         * now, so that the next fold sees M as its parent's only child. */
+        if (r >= 0) {
+                char sql[128];
+
+                snprintf(sql, sizeof sql, "DELETE FROM layers WHERE id IN (%" PRIu64 ", %" PRIu64 ")",
+                         fc->lower, fc->upper);
+                r = sqlite_exec(s->catalog, sql);
+        }
+        if (r >= 0)
+                r = sqlite_commit(s->catalog);
+        if (r < 0)
+                sqlite_rollback(s->catalog);
+        return r;
+}
+
+int fold_layers(Store *s, StoreReapStats *stats) {
+        for (;;) {
+                FoldCandidate fc;
+                uint64_t merged;
+                int r;
+
+                r = find_candidate(s, &fc);
+                if (r <= 0)
+                        return r;
+
+                /* M's row exists, unreachable, before its file: a crash
+                 * leaves a dead layer that the next reap drops. */
+                r = new_layer_row(s, fc.parent, &merged);
+                if (r < 0)
+                        return r;
+                r = build_merged(s, &fc, merged);
+                if (r >= 0)
+                        r = swap_in(s, &fc, merged);
+                if (r < 0) {
+                        (void) layer_unlink(s, merged);
+                        return r;
+                }
+                stats->bytes_freed += layer_file_bytes(s, fc.lower) + layer_file_bytes(s, fc.upper);
+                (void) layer_unlink(s, fc.lower);
+                (void) layer_unlink(s, fc.upper);
+                stats->layers_folded++;
+        }
+}

@@ -1,0 +1,1116 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * The FUSE front end of a subvolume: libfuse3's low-level API translated to
+ * the inode operations of volume.h.
+ *
+ * Caching. This process is the only writer of the subvolume it serves
+ * (volume_is_sole_writer()), so the kernel may keep what it learns for long:
+ * entries, attributes and negative entries live for an hour, file pages
+ * survive close and reopen (keep_cache), and a writable volume runs with the
+ * writeback cache (the kernel keeps size and times and sends them with
+ * setattr). Every change the kernel does not see coming goes through a reply
+ * that carries the new attributes; for unlink, rmdir and rename the kernel
+ * updates its own dentries and attributes. Directory listings are cached
+ * only on read-only volumes. Should a volume ever not be the sole writer,
+ * timeouts drop to a second and nothing else is cached.
+ *
+ * Lookup counts. Every entry the kernel receives (lookup, mknod, mkdir,
+ * symlink, link, create, and each readdirplus entry but "." and "..") is
+ * counted in the inode table before it is sent, and taken back if the reply
+ * did not reach the kernel; forget and forget_multi subtract. When a count
+ * reaches zero the record goes and volume_forget() may drop an unlinked
+ * inode. No file descriptor is held per inode.
+ *
+ * Each operation is split in two: a do_x() body returns a negative errno and
+ * its op_x() wrapper replies exactly once. Where the volume call is the whole
+ * body, the wrapper calls it directly.
+ */
+
+#define FUSE_USE_VERSION 314
+
+#include <errno.h>
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+#include "mutex-util.h"
+#include "store.h"
+#include "string-util.h"
+#include "volume.h"
+
+#define CACHE_TIMEOUT_SOLE_WRITER 3600.0 /* seconds */
+#define CACHE_TIMEOUT_SHARED 1.0
+#define IO_SIZE_MAX (1024u * 1024u)      /* max_write and max_readahead */
+#define MAX_THREADS_DEFAULT 8u
+#define INODE_TABLE_MIN_SLOTS 64
+
+/* ---- the server ---- */
+
+/* A lookup count per inode the kernel knows: open addressing with linear
+ * probing, keyed by inode number (0 marks a free slot). */
+typedef struct InodeCount {
+        uint64_t ino;
+        uint64_t nlookup;
+} InodeCount;
+
+typedef struct InodeTable {
+        pthread_mutex_t lock;
+        InodeCount *slots;
+        size_t n_slots;         /* 0 or a power of two; at least one slot stays free */
+        size_t n_used;
+} InodeTable;
+
+typedef struct Server {
+        Volume *volume;
+        InodeTable inodes;
+
+        /* Settings, fixed before the session starts. */
+        bool writable;
+        double entry_timeout;
+        double attr_timeout;
+        double negative_timeout; /* 0: ENOENT is not cached */
+        bool keep_cache;
+        bool cache_readdir;
+} Server;
+
+static Server *server_of(fuse_req_t req) {
+        return fuse_req_userdata(req);
+}
+
+/* ---- the inode table ---- */
+
+static size_t inode_hash(uint64_t ino, size_t mask) {
+        ino ^= ino >> 33;
+        ino *= UINT64_C(0xff51afd7ed558ccd);
+        ino ^= ino >> 33;
+        return (size_t) ino & mask;
+}
+
+/* The slot that holds ino, or the free slot where it would go. */
+static size_t table_slot(const InodeTable *t, uint64_t ino) {
+        size_t mask = t->n_slots - 1;
+
+        for (size_t i = inode_hash(ino, mask);; i = (i + 1) & mask)
+                if (t->slots[i].ino == ino || t->slots[i].ino == 0)
+                        return i;
+}
+
+static int table_grow(InodeTable *t) {
+        size_t n = t->n_slots > 0 ? t->n_slots * 2 : INODE_TABLE_MIN_SLOTS;
+        InodeCount *old = t->slots, *slots;
+        size_t n_old = t->n_slots;
+
+        slots = calloc(n, sizeof *slots);
+        if (!slots)
+                return -ENOMEM;
+        t->slots = slots;
+        t->n_slots = n;
+        for (size_t i = 0; i < n_old; i++)
+                if (old[i].ino != 0)
+                        t->slots[table_slot(t, old[i].ino)] = old[i];
+        free(old);
+        return 0;
+}
+
+/* Whether x lies in (a, b] on the ring of slots. */
+static bool ring_between(size_t a, size_t x, size_t b) {
+        return a <= b ? a < x && x <= b : a < x || x <= b;
+}
+
+/* Empties slot i and moves later records of its probe run back into the
+ * hole, so that no lookup needs tombstones. */
+static void table_remove(InodeTable *t, size_t i) {
+        size_t mask = t->n_slots - 1;
+
+        for (size_t j = (i + 1) & mask; t->slots[j].ino != 0; j = (j + 1) & mask)
+                if (!ring_between(i, inode_hash(t->slots[j].ino, mask), j)) {
+                        t->slots[i] = t->slots[j];
+                        i = j;
+                }
+        t->slots[i] = (InodeCount) {};
+        t->n_used--;
+}
+
+/* Counts one lookup of ino that the kernel is about to receive. */
+static int lookup_ref(Server *srv, uint64_t ino) {
+        InodeTable *t = &srv->inodes;
+        size_t i;
+        int r;
+
+        if (ino == 0)
+                return -EIO;
+
+        MUTEX_LOCKED(&t->lock);
+        if (t->n_slots > 0) {
+                i = table_slot(t, ino);
+                if (t->slots[i].ino == ino) {
+                        t->slots[i].nlookup++;
+                        return 0;
+                }
+        }
+        if ((t->n_used + 1) * 4 > t->n_slots * 3) {
+                r = table_grow(t);
+                /* Probing works as long as one slot stays free: growing can wait. */
+                if (r < 0 && t->n_used + 1 >= t->n_slots)
+                        return r;
+        }
+        i = table_slot(t, ino);
+        t->slots[i] = (InodeCount) { .ino = ino, .nlookup = 1 };
+        t->n_used++;
+        return 0;
+}
+
+/* Takes away n lookups of ino; at zero the kernel holds no reference, and
+ * the volume may drop the inode if it has no name left. volume_forget() is
+ * called under the table's lock, so that a lookup of the same inode cannot
+ * be counted between the last forget and the drop. */
+static void lookup_unref(Server *srv, uint64_t ino, uint64_t n) {
+        InodeTable *t = &srv->inodes;
+        size_t i;
+
+        if (ino == 0)
+                return;
+
+        MUTEX_LOCKED(&t->lock);
+        if (t->n_slots == 0)
+                return;
+        i = table_slot(t, ino);
+        if (t->slots[i].ino != ino)
+                return; /* never counted (the root), nothing to take away */
+        if (t->slots[i].nlookup > n) {
+                t->slots[i].nlookup -= n;
+                return;
+        }
+        table_remove(t, i);
+        volume_forget(srv->volume, ino);
+}
+
+/* ---- replies ---- */
+
+static void reply_status(fuse_req_t req, int r) {
+        fuse_reply_err(req, r < 0 ? -r : 0);
+}
+
+static void entry_fill(const Server *srv, const struct stat *st, struct fuse_entry_param *ret) {
+        *ret = (struct fuse_entry_param) {
+                .ino = st->st_ino,
+                .generation = 0, /* inode numbers are never reused */
+                .attr = *st,
+                .attr_timeout = srv->attr_timeout,
+                .entry_timeout = srv->entry_timeout,
+        };
+}
+
+/* Replies an entry and counts it. The count comes first, since a forget may
+ * follow the reply at once, and is taken back if the reply failed: the
+ * kernel then never saw the entry and will not forget it. */
+static void reply_entry(fuse_req_t req, int r, const struct stat *st) {
+        Server *srv = server_of(req);
+        struct fuse_entry_param e;
+
+        if (r >= 0)
+                r = lookup_ref(srv, st->st_ino);
+        if (r < 0) {
+                fuse_reply_err(req, -r);
+                return;
+        }
+        entry_fill(srv, st, &e);
+        if (fuse_reply_entry(req, &e) < 0)
+                lookup_unref(srv, st->st_ino, 1);
+}
+
+/* A name that does not exist: cached as a negative entry, which is safe
+ * only because every creation goes through this server and the kernel. */
+static void reply_negative(fuse_req_t req) {
+        Server *srv = server_of(req);
+
+        if (srv->negative_timeout > 0)
+                fuse_reply_entry(req, &(struct fuse_entry_param) { .entry_timeout = srv->negative_timeout });
+        else
+                fuse_reply_err(req, ENOENT);
+}
+
+static void reply_attr(fuse_req_t req, int r, const struct stat *st) {
+        if (r < 0)
+                fuse_reply_err(req, -r);
+        else
+                fuse_reply_attr(req, st, server_of(req)->attr_timeout);
+}
+
+/* ---- connection ---- */
+
+static void op_init(void *userdata, struct fuse_conn_info *conn) {
+        Server *srv = userdata;
+        unsigned on = FUSE_CAP_READDIRPLUS | FUSE_CAP_ASYNC_READ | FUSE_CAP_PARALLEL_DIROPS |
+                FUSE_CAP_CACHE_SYMLINKS;
+        /* Off: listing without attributes now and then (READDIRPLUS_AUTO);
+         * splice; the server clearing setuid bits (without HANDLE_KILLPRIV
+         * the kernel sends the mode change as a setattr); O_TRUNC in open
+         * (without ATOMIC_O_TRUNC the kernel truncates through setattr
+         * first, and strips O_TRUNC from the open). */
+        unsigned off = FUSE_CAP_READDIRPLUS_AUTO | FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE |
+                FUSE_CAP_SPLICE_MOVE | FUSE_CAP_HANDLE_KILLPRIV | FUSE_CAP_ATOMIC_O_TRUNC |
+                FUSE_CAP_EXPORT_SUPPORT | FUSE_CAP_POSIX_ACL | FUSE_CAP_DONT_MASK;
+
+        /* Writeback cache only where every write comes through us. */
+        if (srv->writable)
+                on |= FUSE_CAP_WRITEBACK_CACHE;
+        else
+                off |= FUSE_CAP_WRITEBACK_CACHE;
+        /* The sole writer's pages never change behind the kernel's back. */
+        if (srv->keep_cache)
+                off |= FUSE_CAP_AUTO_INVAL_DATA;
+
+        conn->want = (conn->want & ~off) | (on & conn->capable);
+        conn->max_write = MIN(conn->max_write, IO_SIZE_MAX); /* libfuse caps it to its buffer */
+        conn->max_readahead = IO_SIZE_MAX;                   /* the kernel keeps the smaller of its own and ours */
+        conn->time_gran = 1;                                 /* the volume keeps nanoseconds */
+}
+
+/* ---- names ---- */
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name) {
+        struct stat st;
+        int r;
+
+        r = volume_lookup(server_of(req)->volume, parent, name, &st);
+        if (r == -ENOENT)
+                reply_negative(req);
+        else
+                reply_entry(req, r, &st);
+}
+
+static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+        lookup_unref(server_of(req), ino, nlookup);
+        fuse_reply_none(req);
+}
+
+static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets) {
+        Server *srv = server_of(req);
+
+        for (size_t i = 0; i < count; i++)
+                lookup_unref(srv, forgets[i].ino, forgets[i].nlookup);
+        fuse_reply_none(req);
+}
+
+static int do_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev,
+                    struct stat *ret) {
+        const struct fuse_ctx *ctx = fuse_req_ctx(req);
+
+        /* The kernel applied the umask already (no FUSE_CAP_DONT_MASK). */
+        if (S_ISDIR(mode))
+                return volume_mkdir(server_of(req)->volume, parent, name, mode, ctx->uid, ctx->gid, ret);
+        return volume_mknod(server_of(req)->volume, parent, name, mode, rdev, ctx->uid, ctx->gid, ret);
+}
+
+static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev) {
+        struct stat st;
+        int r;
+
+        r = do_mknod(req, parent, name, mode, rdev, &st);
+        reply_entry(req, r, &st);
+}
+
+static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode) {
+        struct stat st;
+        int r;
+
+        r = do_mknod(req, parent, name, S_IFDIR | (mode & 07777), 0, &st);
+        reply_entry(req, r, &st);
+}
+
+static void op_symlink(fuse_req_t req, const char *target, fuse_ino_t parent, const char *name) {
+        const struct fuse_ctx *ctx = fuse_req_ctx(req);
+        struct stat st;
+        int r;
+
+        r = volume_symlink(server_of(req)->volume, parent, name, target, ctx->uid, ctx->gid, &st);
+        reply_entry(req, r, &st);
+}
+
+static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname) {
+        struct stat st;
+        int r;
+
+        r = volume_link(server_of(req)->volume, ino, newparent, newname, &st);
+        reply_entry(req, r, &st);
+}
+
+static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name) {
+        reply_status(req, volume_unlink(server_of(req)->volume, parent, name));
+}
+
+static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name) {
+        reply_status(req, volume_rmdir(server_of(req)->volume, parent, name));
+}
+
+static int do_rename(Server *srv, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+                     const char *newname, unsigned flags) {
+        if (flags & ~(unsigned) (RENAME_NOREPLACE | RENAME_EXCHANGE))
+                return -EINVAL;
+        if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
+                return -EINVAL;
+        return volume_rename(srv->volume, parent, name, newparent, newname, flags);
+}
+
+static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+                      const char *newname, unsigned flags) {
+        reply_status(req, do_rename(server_of(req), parent, name, newparent, newname, flags));
+}
+
+/* ---- attributes ---- */
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+        struct stat st;
+        int r;
+
+        r = volume_getattr(server_of(req)->volume, ino, &st);
+        reply_attr(req, r, &st);
+}
+
+static unsigned setattr_valid(int to_set) {
+        static const struct {
+                int fuse;
+                unsigned volume;
+        } map[] = {
+                { FUSE_SET_ATTR_MODE, VOLUME_SET_MODE },
+                { FUSE_SET_ATTR_UID, VOLUME_SET_UID },
+                { FUSE_SET_ATTR_GID, VOLUME_SET_GID },
+                { FUSE_SET_ATTR_SIZE, VOLUME_SET_SIZE },
+                { FUSE_SET_ATTR_ATIME, VOLUME_SET_ATIME },
+                { FUSE_SET_ATTR_MTIME, VOLUME_SET_MTIME },
+                { FUSE_SET_ATTR_ATIME_NOW, VOLUME_SET_ATIME_NOW },
+                { FUSE_SET_ATTR_MTIME_NOW, VOLUME_SET_MTIME_NOW },
+                { FUSE_SET_ATTR_CTIME, VOLUME_SET_CTIME },
+        };
+        unsigned valid = 0;
+
+        for (size_t i = 0; i < ELEMENTSOF(map); i++)
+                if (to_set & map[i].fuse)
+                        valid |= map[i].volume;
+        return valid;
+}
+
+/* With the writeback cache, size and times written through the page cache
+ * arrive here too. */
+static int do_setattr(Server *srv, fuse_ino_t ino, const struct stat *attr, int to_set, struct stat *ret) {
+        unsigned valid = setattr_valid(to_set);
+
+        if (valid == 0)
+                return volume_getattr(srv->volume, ino, ret);
+        return volume_setattr(srv->volume, ino, attr, valid, ret);
+}
+
+static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+                       struct fuse_file_info *fi) {
+        struct stat st;
+        int r;
+
+        r = do_setattr(server_of(req), ino, attr, to_set, &st);
+        reply_attr(req, r, &st);
+}
+
+static int do_readlink(Server *srv, fuse_ino_t ino, char *buf, size_t size) {
+        int n;
+
+        n = volume_readlink(srv->volume, ino, buf, size - 1);
+        if (n < 0)
+                return n;
+        if ((size_t) n >= size - 1)
+                return -ENAMETOOLONG;
+        buf[n] = 0;
+        return 0;
+}
+
+static void op_readlink(fuse_req_t req, fuse_ino_t ino) {
+        char target[PATH_MAX + 1];
+        int r;
+
+        r = do_readlink(server_of(req), ino, target, sizeof target);
+        if (r < 0)
+                fuse_reply_err(req, -r);
+        else
+                fuse_reply_readlink(req, target);
+}
+
+static void op_statfs(fuse_req_t req, fuse_ino_t ino) {
+        struct statvfs sv;
+        int r;
+
+        r = volume_statfs(server_of(req)->volume, &sv);
+        if (r < 0)
+                fuse_reply_err(req, -r);
+        else
+                fuse_reply_statfs(req, &sv);
+}
+
+/* ---- files ---- */
+
+static int do_open(Server *srv, fuse_ino_t ino, struct fuse_file_info *fi) {
+        if ((fi->flags & O_ACCMODE) != O_RDONLY && !srv->writable)
+                return -EROFS;
+
+        /* With the writeback cache the kernel reads pages of files opened
+         * O_WRONLY and computes O_APPEND offsets itself. Holding no file
+         * descriptor, we need not turn O_WRONLY into O_RDWR nor drop
+         * O_APPEND: read always works, and write takes the offset given. */
+        fi->keep_cache = srv->keep_cache;
+        return 0;
+}
+
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+        int r;
+
+        r = do_open(server_of(req), ino, fi);
+        if (r < 0)
+                fuse_reply_err(req, -r);
+        else
+                fuse_reply_open(req, fi); /* nothing to release if it fails */
+}
+
+static int do_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+                     struct fuse_file_info *fi, struct stat *ret) {
+        Server *srv = server_of(req);
+        int r;
+
+        if (!srv->writable)
+                return -EROFS;
+        r = do_mknod(req, parent, name, S_IFREG | (mode & 07777), 0, ret);
+        if (r < 0)
+                return r;
+        r = do_open(srv, ret->st_ino, fi);
+        if (r < 0)
+                return r;
+        return lookup_ref(srv, ret->st_ino); /* counted last: nothing can fail after it */
+}
+
+static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+                      struct fuse_file_info *fi) {
+        Server *srv = server_of(req);
+        struct fuse_entry_param e;
+        struct stat st;
+        int r;
+
+        r = do_create(req, parent, name, mode, fi, &st);
+        if (r < 0) {
+                fuse_reply_err(req, -r);
+                return;
+        }
+        entry_fill(srv, &st, &e);
+        if (fuse_reply_create(req, &e, fi) < 0)
+                lookup_unref(srv, st.st_ino, 1);
+}
+
+static ssize_t do_read(Server *srv, fuse_ino_t ino, size_t size, off_t off, char **ret) {
+        _cleanup_free_ char *buf = NULL;
+        ssize_t n;
+
+        if (off < 0)
+                return -EINVAL;
+        buf = malloc(MAX(size, (size_t) 1));
+        if (!buf)
+                return -ENOMEM;
+        n = volume_read(srv->volume, ino, buf, size, (uint64_t) off);
+        if (n >= 0)
+                *ret = TAKE_PTR(buf);
+        return n;
+}
+
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
+        _cleanup_free_ char *buf = NULL;
+        ssize_t n;
+
+        n = do_read(server_of(req), ino, size, off, &buf);
+        if (n < 0)
+                fuse_reply_err(req, (int) -n);
+        else
+                fuse_reply_buf(req, buf, (size_t) n);
+}
+
+static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+                     struct fuse_file_info *fi) {
+        ssize_t n;
+
+        /* O_APPEND is the kernel's: off is already the end of the file. */
+        if (off < 0)
+                n = -EINVAL;
+        else
+                n = volume_write(server_of(req)->volume, ino, buf, size, (uint64_t) off);
+        if (n < 0)
+                fuse_reply_err(req, (int) -n);
+        else
+                fuse_reply_write(req, (size_t) n);
+}
+
+static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+        /* Nothing is buffered per open file: durability is fsync's. */
+        fuse_reply_err(req, 0);
+}
+
+static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+        fuse_reply_err(req, 0);
+}
+
+static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi) {
+        reply_status(req, volume_sync(server_of(req)->volume));
+}
+
+static int do_fallocate(Server *srv, fuse_ino_t ino, int mode, off_t offset, off_t length) {
+        if (offset < 0 || length <= 0)
+                return -EINVAL;
+        return volume_fallocate(srv->volume, ino, mode, (uint64_t) offset, (uint64_t) length);
+}
+
+static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+                         struct fuse_file_info *fi) {
+        reply_status(req, do_fallocate(server_of(req), ino, mode, offset, length));
+}
+
+/* ---- directories ---- */
+
+static VolumeDir *dir_of(const struct fuse_file_info *fi) {
+        return (VolumeDir *) (uintptr_t) fi->fh;
+}
+
+static int do_opendir(Server *srv, fuse_ino_t ino, struct fuse_file_info *fi) {
+        VolumeDir *d;
+        int r;
+
+        r = volume_opendir(srv->volume, ino, &d);
+        if (r < 0)
+                return r;
+        fi->fh = (uint64_t) (uintptr_t) d;
+        /* A local change of the directory may not reach a cached listing on
+         * every kernel: listings are cached only where nothing changes. */
+        fi->cache_readdir = srv->cache_readdir;
+        fi->keep_cache = srv->cache_readdir;
+        return 0;
+}
+
+static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+        int r;
+
+        r = do_opendir(server_of(req), ino, fi);
+        if (r < 0)
+                fuse_reply_err(req, -r);
+        else if (fuse_reply_open(req, fi) < 0)
+                volume_dir_free(dir_of(fi)); /* the kernel will not release what it never got */
+}
+
+static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+        volume_dir_free(dir_of(fi));
+        fuse_reply_err(req, 0);
+}
+
+static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi) {
+        reply_status(req, volume_sync(server_of(req)->volume));
+}
+
+/* A listing is [".", "..", entries...]; entry i has the offset i + 1, so
+ * that the offset of the last entry sent is the index to go on from. */
+typedef struct DirEntryView {
+        const char *name;
+        uint64_t ino;
+        mode_t type;
+} DirEntryView;
+
+static DirEntryView dir_entry_at(const VolumeDir *d, size_t i) {
+        if (i < 2)
+                return (DirEntryView) { i == 0 ? "." : "..", i == 0 ? d->ino : d->parent, S_IFDIR };
+        return (DirEntryView) { d->entries[i - 2].name, d->entries[i - 2].ino, d->entries[i - 2].type };
+}
+
+/* One reply's buffer, and for readdirplus the inodes whose lookups it counts. */
+typedef struct DirReply {
+        char *buf;
+        size_t size;
+        size_t len;
+        uint64_t *counted;
+        size_t n_counted;
+        size_t max_counted;
+} DirReply;
+
+static void dir_reply_done(DirReply *r) {
+        free(r->buf);
+        free(r->counted);
+}
+
+/* Returns 1 if the entry was added, 0 if it does not fit. */
+static int dir_add(fuse_req_t req, DirReply *r, const DirEntryView *ent, off_t next) {
+        struct stat st = { .st_ino = ent->ino, .st_mode = ent->type };
+        size_t room = r->size - r->len, len;
+
+        len = fuse_add_direntry(req, r->buf + r->len, room, ent->name, &st, next);
+        if (len > room)
+                return 0;
+        r->len += len;
+        return 1;
+}
+
+/* Adds an entry with its attributes and counts its lookup ("." and ".."
+ * go without: the kernel does not link them). A name gone since opendir
+ * is listed without attributes (ino 0), as plain readdir would list it.
+ * Returns 1 if added, 0 if it does not fit, or a negative errno. */
+static int dir_add_plus(fuse_req_t req, Server *srv, DirReply *r, const VolumeDir *d,
+                        const DirEntryView *ent, off_t next) {
+        struct fuse_entry_param e = { .attr = { .st_ino = ent->ino, .st_mode = ent->type } };
+        size_t room = r->size - r->len, len;
+        struct stat st;
+        int k;
+
+        if (!streq_dot(ent->name)) {
+                k = volume_lookup(srv->volume, d->ino, ent->name, &st);
+                if (k >= 0)
+                        entry_fill(srv, &st, &e);
+                else if (k != -ENOENT)
+                        return k;
+        }
+        len = fuse_add_direntry_plus(req, r->buf + r->len, room, ent->name, &e, next);
+        if (len > room || (e.ino != 0 && r->n_counted >= r->max_counted))
+                return 0;
+        if (e.ino != 0) {
+                k = lookup_ref(srv, e.ino);
+                if (k < 0)
+                        return k;
+                r->counted[r->n_counted++] = e.ino;
+        }
+        r->len += len;
+        return 1;
+}
+
+static int dir_reply_alloc(fuse_req_t req, DirReply *r, size_t size, bool plus) {
+        r->size = size;
+        r->buf = malloc(MAX(size, (size_t) 1));
+        if (!r->buf)
+                return -ENOMEM;
+        if (plus) {
+                /* No entry is smaller than one with an empty name. */
+                struct fuse_entry_param e = {};
+                size_t smallest = fuse_add_direntry_plus(req, NULL, 0, "", &e, 0);
+
+                r->max_counted = size / MAX(smallest, (size_t) 1) + 1;
+                r->counted = calloc(r->max_counted, sizeof *r->counted);
+                if (!r->counted)
+                        return -ENOMEM;
+        }
+        return 0;
+}
+
+/* Fills the reply from offset off. An error after the first entry ends the
+ * reply early: the next call meets it again, with nothing sent. */
+static int do_readdir(fuse_req_t req, Server *srv, const VolumeDir *d, size_t size, off_t off, bool plus,
+                      DirReply *ret) {
+        int r;
+
+        if (off < 0)
+                return -EINVAL;
+        r = dir_reply_alloc(req, ret, size, plus);
+        if (r < 0)
+                return r;
+
+        for (size_t i = (size_t) off; i < d->n + 2; i++) {
+                DirEntryView ent = dir_entry_at(d, i);
+
+                if (plus)
+                        r = dir_add_plus(req, srv, ret, d, &ent, (off_t) i + 1);
+                else
+                        r = dir_add(req, ret, &ent, (off_t) i + 1);
+                if (r < 0 && ret->len == 0)
+                        return r;
+                if (r <= 0)
+                        break;
+        }
+        return 0;
+}
+
+static void readdir_common(fuse_req_t req, size_t size, off_t off, struct fuse_file_info *fi, bool plus) {
+        _cleanup_(dir_reply_done) DirReply reply = {};
+        Server *srv = server_of(req);
+        int r;
+
+        r = do_readdir(req, srv, dir_of(fi), size, off, plus, &reply);
+        if (r < 0) {
+                fuse_reply_err(req, -r);
+                return;
+        }
+        if (fuse_reply_buf(req, reply.buf, reply.len) < 0)
+                for (size_t i = 0; i < reply.n_counted; i++)
+                        lookup_unref(srv, reply.counted[i], 1);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
+        readdir_common(req, size, off, fi, false);
+}
+
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                           struct fuse_file_info *fi) {
+        readdir_common(req, size, off, fi, true);
+}
+
+/* ---- extended attributes ---- */
+
+static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size,
+                        int flags) {
+        reply_status(req, volume_setxattr(server_of(req)->volume, ino, name, value, size, flags));
+}
+
+static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name) {
+        reply_status(req, volume_removexattr(server_of(req)->volume, ino, name));
+}
+
+/* size 0 asks for the length; otherwise the value, in a buffer of size. */
+static ssize_t do_getxattr(Server *srv, fuse_ino_t ino, const char *name, size_t size, char **ret) {
+        _cleanup_free_ char *buf = NULL;
+        ssize_t n;
+
+        if (size > 0) {
+                buf = malloc(size);
+                if (!buf)
+                        return -ENOMEM;
+        }
+        if (name)
+                n = volume_getxattr(srv->volume, ino, name, buf, size);
+        else
+                n = volume_listxattr(srv->volume, ino, buf, size);
+        if (n >= 0)
+                *ret = TAKE_PTR(buf);
+        return n;
+}
+
+static void reply_xattr(fuse_req_t req, size_t size, const char *buf, ssize_t n) {
+        if (n < 0)
+                fuse_reply_err(req, (int) -n);
+        else if (size == 0)
+                fuse_reply_xattr(req, (size_t) n);
+        else
+                fuse_reply_buf(req, buf, (size_t) n);
+}
+
+static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size) {
+        _cleanup_free_ char *buf = NULL;
+        ssize_t n;
+
+        n = do_getxattr(server_of(req), ino, name, size, &buf);
+        reply_xattr(req, size, buf, n);
+}
+
+static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+        _cleanup_free_ char *buf = NULL;
+        ssize_t n;
+
+        n = do_getxattr(server_of(req), ino, NULL, size, &buf);
+        reply_xattr(req, size, buf, n);
+}
+
+static const struct fuse_lowlevel_ops cowbox_fuse_ops = {
+        .init = op_init,
+        .lookup = op_lookup,
+        .forget = op_forget,
+        .forget_multi = op_forget_multi,
+        .getattr = op_getattr,
+        .setattr = op_setattr,
+        .readlink = op_readlink,
+        .mknod = op_mknod,
+        .mkdir = op_mkdir,
+        .unlink = op_unlink,
+        .rmdir = op_rmdir,
+        .symlink = op_symlink,
+        .rename = op_rename,
+        .link = op_link,
+        .open = op_open,
+        .read = op_read,
+        .write = op_write,
+        .flush = op_flush,
+        .release = op_release,
+        .fsync = op_fsync,
+        .opendir = op_opendir,
+        .readdir = op_readdir,
+        .readdirplus = op_readdirplus,
+        .releasedir = op_releasedir,
+        .fsyncdir = op_fsyncdir,
+        .statfs = op_statfs,
+        .setxattr = op_setxattr,
+        .getxattr = op_getxattr,
+        .listxattr = op_listxattr,
+        .removexattr = op_removexattr,
+        .create = op_create,
+        .fallocate = op_fallocate,
+};
+
+/* ---- mounting ---- */
+
+/* Opens the volume writable unless asked not to or the subvolume is
+ * read-only, and fixes the cache settings that follow from it. */
+static int server_open(Server *srv, Store *s, const char *name, bool readonly, pid_t *ret_holder) {
+        bool sole;
+        int r = -EROFS;
+
+        if (!readonly)
+                r = volume_open(s, name, true, &srv->volume, ret_holder);
+        if (r == -EROFS)
+                r = volume_open(s, name, false, &srv->volume, ret_holder);
+        if (r < 0)
+                return r;
+
+        sole = volume_is_sole_writer(srv->volume);
+        srv->writable = volume_is_writable(srv->volume);
+        srv->entry_timeout = srv->attr_timeout = sole ? CACHE_TIMEOUT_SOLE_WRITER : CACHE_TIMEOUT_SHARED;
+        srv->negative_timeout = sole ? CACHE_TIMEOUT_SOLE_WRITER : 0;
+        srv->keep_cache = sole;
+        srv->cache_readdir = sole && !srv->writable;
+        return 0;
+}
+
+/* Runs after the session is gone: the kernel's remaining lookups die with
+ * the mount, and volume_close() purges what they kept alive. */
+static void server_done(Server *srv) {
+        srv->volume = volume_close(srv->volume);
+        free(srv->inodes.slots);
+        pthread_mutex_destroy(&srv->inodes.lock);
+}
+
+static int mount_args(struct fuse_args *args, const char *name, bool readonly, bool debug) {
+        char escaped[2 * STORE_NAME_MAX + 1], *p = escaped;
+        _cleanup_free_ char *options = NULL;
+
+        /* fuse_opt splits options at commas: escape them, and the escape. */
+        for (const char *c = name; *c && p < escaped + sizeof escaped - 2; c++) {
+                if (*c == ',' || *c == '\\')
+                        *p++ = '\\';
+                *p++ = *c;
+        }
+        *p = 0;
+
+        if (asprintf(&options, "fsname=cowbox:%s,subtype=cowbox,default_permissions,allow_other%s",
+                     escaped, readonly ? ",ro" : "") < 0)
+                return -ENOMEM;
+        if (fuse_opt_add_arg(args, "cowbox") < 0 || fuse_opt_add_arg(args, "-o") < 0 ||
+            fuse_opt_add_arg(args, options) < 0 || (debug && fuse_opt_add_arg(args, "-d") < 0))
+                return -ENOMEM;
+        return 0;
+}
+
+static int loop_write(int fd, const void *buf, size_t size) {
+        const char *p = buf;
+
+        while (size > 0) {
+                ssize_t n = write(fd, p, size);
+
+                if (n < 0 && errno == EINTR)
+                        continue;
+                if (n < 0)
+                        return -errno;
+                p += n;
+                size -= (size_t) n;
+        }
+        return 0;
+}
+
+/* What a background server tells the process that started it. */
+typedef struct MountStatus {
+        int error;
+        pid_t holder;
+} MountStatus;
+
+/* Leaves the caller's session, working directory and terminal, as
+ * fuse_daemonize() does. */
+static void detach(void) {
+        int fd;
+
+        (void) setsid();
+        if (chdir("/") < 0) {
+                /* stays where it is, ignoring */
+        }
+        fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+                return;
+        (void) dup2(fd, STDIN_FILENO);
+        (void) dup2(fd, STDOUT_FILENO);
+        (void) dup2(fd, STDERR_FILENO);
+        if (fd > STDERR_FILENO)
+                safe_close(fd);
+}
+
+/* The mount is up: tell whoever waits for it. Write errors are ignored (the
+ * reader may be gone; SIGPIPE is ignored by now). */
+static void mount_ready(int ready_fd, int *notify_fd) {
+        if (ready_fd >= 0) {
+                (void) loop_write(ready_fd, "1\n", 2);
+                safe_close(ready_fd);
+        }
+        if (*notify_fd >= 0) {
+                detach();
+                (void) loop_write(*notify_fd, &(MountStatus) {}, sizeof(MountStatus));
+                *notify_fd = safe_close(*notify_fd);
+        }
+}
+
+static int session_loop(struct fuse_session *se, unsigned max_threads) {
+        struct fuse_loop_config *config;
+        int r;
+
+        config = fuse_loop_cfg_create();
+        if (!config)
+                return -ENOMEM;
+        fuse_loop_cfg_set_max_threads(config, max_threads > 0 ? max_threads : MAX_THREADS_DEFAULT);
+        r = fuse_session_loop_mt(se, config);
+        fuse_loop_cfg_destroy(config);
+        /* Positive: the signal that asked us to stop. */
+        return r > 0 ? 0 : r;
+}
+
+/* Mounts and serves until unmounted or told to stop. notify_fd, if >= 0,
+ * is a background server's pipe to its starter: written and closed once
+ * mounted (and set to -EBADF then). libfuse's own failures say no more than
+ * that they failed: -EIO. */
+static int serve(Store *s, const char *name, const char *mountpoint, const StoreMountOptions *opts,
+                 int *notify_fd, pid_t *ret_holder) {
+        _cleanup_(server_done) Server srv = { .inodes.lock = PTHREAD_MUTEX_INITIALIZER };
+        _cleanup_(fuse_opt_free_args) struct fuse_args args = FUSE_ARGS_INIT(0, NULL);
+        struct fuse_session *se;
+        int r;
+
+        r = server_open(&srv, s, name, opts->readonly, ret_holder);
+        if (r < 0)
+                return r;
+        r = mount_args(&args, name, !srv.writable, opts->debug);
+        if (r < 0)
+                return r;
+
+        se = fuse_session_new(&args, &cowbox_fuse_ops, sizeof cowbox_fuse_ops, &srv);
+        if (!se)
+                return -EIO;
+        if (fuse_set_signal_handlers(se) < 0) {
+                r = -EIO;
+                goto destroy;
+        }
+        if (fuse_session_mount(se, mountpoint) < 0) {
+                r = -EIO;
+                goto remove_handlers;
+        }
+
+        mount_ready(opts->ready_fd, notify_fd);
+        r = session_loop(se, opts->max_threads);
+
+        fuse_session_unmount(se);
+remove_handlers:
+        fuse_remove_signal_handlers(se);
+destroy:
+        fuse_session_destroy(se);
+        return r;
+}
+
+/* The background server. It must not use the caller's store: SQLite
+ * connections do not survive fork (the locks stay with the caller's
+ * process). Closing our copy first releases nothing of the caller's, which
+ * holds its own locks meanwhile; then we open our own. Never returns. */
+_noreturn_ static void background_server(Store *inherited, const char *name, const char *mountpoint,
+                                         const StoreMountOptions *opts, int notify_fd) {
+        _cleanup_free_ char *path = strdup(store_path(inherited));
+        Store *s = NULL;
+        pid_t holder = 0;
+        int r;
+
+        (void) store_close(inherited);
+        r = path ? store_open(path, &s) : -ENOMEM;
+        if (r >= 0)
+                r = serve(s, name, mountpoint, opts, &notify_fd, &holder);
+        if (notify_fd >= 0)
+                (void) loop_write(notify_fd, &(MountStatus) { .error = r < 0 ? r : -EIO, .holder = holder },
+                                  sizeof(MountStatus));
+        (void) store_close(s);
+        _exit(r < 0 ? EXIT_FAILURE : EXIT_SUCCESS);
+}
+
+/* The caller's side: waits until the server is mounted or has failed. */
+static int background_wait(pid_t pid, int fd, int ready_fd, pid_t *ret_holder) {
+        MountStatus status = {};
+        ssize_t n;
+
+        do
+                n = read(fd, &status, sizeof status);
+        while (n < 0 && errno == EINTR);
+
+        if (n == (ssize_t) sizeof status && status.error == 0) {
+                safe_close(ready_fd); /* the server wrote to its copy */
+                return 0;
+        }
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+        if (n != (ssize_t) sizeof status)
+                return -EIO; /* it died without a word */
+        if (ret_holder)
+                *ret_holder = status.holder;
+        return status.error < 0 ? status.error : -EIO;
+}
+
+/* Forks before the volume is opened, so that its threads (group commit,
+ * snapshot requests) and its lock belong to the process that serves. */
+static int mount_in_background(Store *s, const char *name, const char *mountpoint,
+                               const StoreMountOptions *opts, pid_t *ret_holder) {
+        _cleanup_close_ int rfd = -EBADF, wfd = -EBADF;
+        int fds[2];
+        pid_t pid;
+
+        if (pipe2(fds, O_CLOEXEC) < 0)
+                return -errno;
+        rfd = fds[0];
+        wfd = fds[1];
+
+        pid = fork();
+        if (pid < 0)
+                return -errno;
+        if (pid == 0) {
+                rfd = safe_close(rfd);
+                background_server(s, name, mountpoint, opts, TAKE_FD(wfd));
+        }
+        wfd = safe_close(wfd);
+        return background_wait(pid, rfd, opts->ready_fd, ret_holder);
+}
+
+static int check_mountpoint(const char *path) {
+        struct stat st;
+
+        if (stat(path, &st) < 0)
+                return -errno;
+        if (!S_ISDIR(st.st_mode))
+                return -ENOTDIR;
+        return 0;
+}
+
+/* With background, the server runs in a child process. The call returns in
+ * the caller's process once the mount is ready (0) or has failed (the
+ * error, ret_holder as volume_open() set it); the child never returns to
+ * the caller's code: it exits when unmounted. Background is for a
+ * single-threaded caller that has nothing else running (the CLI, which
+ * calls this last); a service should run the server in its own process and
+ * wait on ready_fd instead. ready_fd is closed once mounted, and left to
+ * the caller if the mount fails. */
+int store_mount(Store *s, const char *name, const char *mountpoint,
+                const StoreMountOptions *opts, pid_t *ret_holder) {
+        int notify_fd = -EBADF;
+        int r;
+
+        if (!s || !opts || !mountpoint || !name || !store_name_is_valid(name))
+                return -EINVAL;
+        if (ret_holder)
+                *ret_holder = 0;
+        r = check_mountpoint(mountpoint);
+        if (r < 0)
+                return r;
+
+        if (opts->background)
+                return mount_in_background(s, name, mountpoint, opts, ret_holder);
+        return serve(s, name, mountpoint, opts, &notify_fd, ret_holder);
+}

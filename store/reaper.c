@@ -1,0 +1,463 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * The reaper: forgets deleted subvolumes, folds layers into their only
+ * child, drops the layers nothing reaches and frees the blocks nothing
+ * references (mark and sweep over the live layers' block sets).
+ *
+ * Blocks are freed only while the reaper holds the GC lock exclusively.
+ * Writers hold it shared from their first new reference to a block until
+ * their commit, so that no block is freed between a writer's dedup hit and
+ * the commit that makes its reference visible to the mark phase. A second
+ * lock, gc-intent, keeps new writers from starving a waiting reaper.
+ */
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "sqlite-util.h"
+#include "store-internal.h"
+
+/* Layer files with no catalog row are removed only once they are this old:
+ * a subvolume being created writes its layer before its row commits. */
+#define ORPHAN_LAYER_AGE_SEC 60
+
+static int open_lock(Store *s, const char *name) {
+        int fd = openat(s->locks_fd, name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        return fd < 0 ? -errno : fd;
+}
+
+static int flock_retry(int fd, int op) {
+        while (flock(fd, op) < 0)
+                if (errno != EINTR)
+                        return -errno;
+        return 0;
+}
+
+int gc_lock_shared(Store *s, int *ret_fd) {
+        _cleanup_close_ int intent = -EBADF, fd = -EBADF;
+        int r;
+
+        intent = open_lock(s, "gc-intent.lock");
+        if (intent < 0)
+                return intent;
+        r = flock_retry(intent, LOCK_SH);
+        if (r < 0)
+                return r;
+        fd = open_lock(s, "gc.lock");
+        if (fd < 0)
+                return fd;
+        r = flock_retry(fd, LOCK_SH);
+        if (r < 0)
+                return r;
+        *ret_fd = TAKE_FD(fd);
+        return 0;
+}
+
+void gc_unlock(int *fd) {
+        *fd = safe_close(*fd);
+}
+
+/* ---- a set of digests, open addressing ---- */
+
+typedef struct DigestSet {
+        Digest *slots;
+        uint8_t *used;
+        size_t n, capacity;
+} DigestSet;
+
+static void digest_set_done(DigestSet *set) {
+        free(set->slots);
+        free(set->used);
+}
+
+static size_t digest_hash(const Digest *d, size_t capacity) {
+        uint64_t h;
+
+        memcpy(&h, d->bytes, sizeof h); /* digests are uniform already */
+        return (size_t) (h & (capacity - 1));
+}
+
+static int digest_set_add(DigestSet *set, const Digest *d);
+
+static int digest_set_grow(DigestSet *set) {
+        DigestSet bigger = { .capacity = MAX(set->capacity * 2, 1024u) };
+        int r;
+
+        bigger.slots = malloc(bigger.capacity * sizeof *bigger.slots);
+        bigger.used = calloc(bigger.capacity, 1);
+        if (!bigger.slots || !bigger.used) {
+                digest_set_done(&bigger);
+                return -ENOMEM;
+        }
+        for (size_t i = 0; i < set->capacity; i++)
+                if (set->used[i]) {
+                        r = digest_set_add(&bigger, &set->slots[i]);
+                        if (r < 0) {
+                                digest_set_done(&bigger);
+                                return r;
+                        }
+                }
+        digest_set_done(set);
+        *set = bigger;
+        return 0;
+}
+
+static bool digest_set_contains(const DigestSet *set, const Digest *d) {
+        if (set->capacity == 0)
+                return false;
+        for (size_t i = digest_hash(d, set->capacity);; i = (i + 1) & (set->capacity - 1)) {
+                if (!set->used[i])
+                        return false;
+                if (memcmp(set->slots[i].bytes, d->bytes, sizeof d->bytes) == 0)
+                        return true;
+        }
+}
+
+static int digest_set_add(DigestSet *set, const Digest *d) {
+        int r;
+
+        if ((set->n + 1) * 2 > set->capacity) {
+                r = digest_set_grow(set);
+                if (r < 0)
+                        return r;
+        }
+        for (size_t i = digest_hash(d, set->capacity);; i = (i + 1) & (set->capacity - 1)) {
+                if (!set->used[i]) {
+                        set->used[i] = 1;
+                        set->slots[i] = *d;
+                        set->n++;
+                        return 0;
+                }
+                if (memcmp(set->slots[i].bytes, d->bytes, sizeof d->bytes) == 0)
+                        return 0;
+        }
+}
+
+/* ---- phases ---- */
+
+static int forget_deleted_subvolumes(Store *s, uint64_t *ret_n) {
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_exec(s->catalog, "DELETE FROM subvolumes WHERE deleted = 1");
+        if (r < 0)
+                return r;
+        *ret_n = (uint64_t) sqlite3_changes(s->catalog);
+        return 0;
+}
+
+static int drop_dead_layers(Store *s, StoreReapStats *stats) {
+        _cleanup_free_ uint64_t *ids = NULL;
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        size_t n = 0;
+        int r;
+
+        r = catalog_dead_layers(s, &ids, &n);
+        if (r < 0 || n == 0)
+                return r;
+
+        {
+                CATALOG_LOCKED(s);
+                r = sqlite_begin(s->catalog);
+                if (r < 0)
+                        return r;
+                r = sqlite_prepare(s->catalog, "DELETE FROM layers WHERE id = ?1", &st);
+                for (size_t i = 0; r >= 0 && i < n; i++) {
+                        sqlite3_bind_int64(st, 1, (sqlite3_int64) ids[i]);
+                        r = sqlite_step_done(st);
+                }
+                if (r >= 0)
+                        r = sqlite_commit(s->catalog);
+                if (r < 0) {
+                        sqlite_rollback(s->catalog);
+                        return r;
+                }
+        }
+
+        /* The rows are gone first: a crash now leaves files without rows,
+         * which the next reap removes. */
+        for (size_t i = 0; i < n; i++) {
+                stats->bytes_freed += layer_file_bytes(s, ids[i]);
+                (void) layer_unlink(s, ids[i]);
+        }
+        stats->layers_dropped += n;
+        return 0;
+}
+
+static int layer_known(Store *s, uint64_t id) {
+        int64_t found = 0;
+        char sql[96];
+        int r;
+
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM layers WHERE id = %" PRIu64, id);
+        CATALOG_LOCKED(s);
+        r = sqlite_query_int(s->catalog, sql, &found);
+        return r < 0 ? r : found > 0;
+}
+
+/* Layer files that no catalog row names: left by a crash. */
+static int remove_orphan_layer_files(Store *s, StoreReapStats *stats) {
+        _cleanup_close_ int fd = fcntl(s->layers_fd, F_DUPFD_CLOEXEC, 3);
+        struct dirent *de;
+        uint64_t now = now_usec() / 1000000;
+        DIR *d;
+
+        if (fd < 0)
+                return -errno;
+        d = fdopendir(fd);
+        if (!d)
+                return -errno;
+        TAKE_FD(fd);
+        rewinddir(d);
+        while ((de = readdir(d))) {
+                struct stat st;
+                char *end;
+                uint64_t id = strtoull(de->d_name, &end, 10);
+
+                if (end == de->d_name || *end != '.')
+                        continue;
+                if (fstatat(dirfd(d), de->d_name, &st, 0) < 0 ||
+                    (uint64_t) st.st_mtime + ORPHAN_LAYER_AGE_SEC > now)
+                        continue;
+                if (layer_known(s, id) != 0)
+                        continue;
+                stats->bytes_freed += (uint64_t) st.st_blocks * 512;
+                (void) unlinkat(dirfd(d), de->d_name, 0);
+        }
+        closedir(d);
+        return 0;
+}
+
+static int mark_layer(Store *s, uint64_t id, DigestSet *live) {
+        _cleanup_sqlite_ sqlite3 *db = NULL;
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        r = layer_open(s, id, LAYER_READ, &db);
+        if (r == -ENOENT)
+                return 0;
+        if (r < 0)
+                return r;
+        r = sqlite_prepare(db, "SELECT digest FROM blockrefs", &st);
+        if (r < 0)
+                return r;
+        while ((r = sqlite_step_row(st)) > 0) {
+                Digest d;
+
+                if (sqlite3_column_bytes(st, 0) != sizeof d.bytes)
+                        continue;
+                memcpy(d.bytes, sqlite3_column_blob(st, 0), sizeof d.bytes);
+                r = digest_set_add(live, &d);
+                if (r < 0)
+                        return r;
+        }
+        return r;
+}
+
+static int sweep_blocks(Store *s, const DigestSet *live, StoreReapStats *stats) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL, *del = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_begin(s->catalog);
+        if (r < 0)
+                return r;
+        r = sqlite_prepare(s->catalog, "SELECT digest, pack, offset, stored_len, raw_len FROM blocks", &st);
+        if (r >= 0)
+                r = sqlite_prepare(s->catalog, "DELETE FROM blocks WHERE digest = ?1", &del);
+        while (r >= 0 && (r = sqlite_step_row(st)) > 0) {
+                BlockLocation loc;
+                Digest d;
+
+                if (sqlite3_column_bytes(st, 0) != sizeof d.bytes)
+                        continue;
+                memcpy(d.bytes, sqlite3_column_blob(st, 0), sizeof d.bytes);
+                if (digest_set_contains(live, &d))
+                        continue;
+                loc = (BlockLocation) {
+                        .pack = (uint64_t) sqlite3_column_int64(st, 1),
+                        .offset = (uint64_t) sqlite3_column_int64(st, 2),
+                        .stored_len = (uint32_t) sqlite3_column_int(st, 3),
+                        .raw_len = (uint32_t) sqlite3_column_int(st, 4),
+                };
+                r = block_free(s, &d, &loc);
+                if (r < 0)
+                        break;
+                sqlite3_bind_blob(del, 1, d.bytes, sizeof d.bytes, SQLITE_STATIC);
+                r = sqlite_step_done(del);
+                stats->blocks_freed++;
+                stats->bytes_freed += sizeof(PackRecordHeader) + loc.stored_len;
+        }
+        if (r >= 0)
+                r = sqlite_commit(s->catalog);
+        if (r < 0)
+                sqlite_rollback(s->catalog);
+        return r;
+}
+
+/* Packs without live blocks that no writer holds. */
+static int remove_empty_packs(Store *s) {
+        _cleanup_free_ uint64_t *ids = NULL;
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        {
+                CATALOG_LOCKED(s);
+                r = sqlite_prepare(s->catalog,
+                                   "SELECT id FROM packs WHERE id NOT IN (SELECT DISTINCT pack FROM blocks)", &st);
+                if (r < 0)
+                        return r;
+                while ((r = sqlite_step_row(st)) > 0) {
+                        if (n == allocated) {
+                                uint64_t *p;
+
+                                allocated = MAX(allocated * 2, 16u);
+                                p = realloc(ids, allocated * sizeof *p);
+                                if (!p)
+                                        return -ENOMEM;
+                                ids = p;
+                        }
+                        ids[n++] = (uint64_t) sqlite3_column_int64(st, 0);
+                }
+                if (r < 0)
+                        return r;
+        }
+
+        for (size_t i = 0; i < n; i++) {
+                _cleanup_close_ int fd = -EBADF;
+                _cleanup_stmt_ sqlite3_stmt *del = NULL;
+                char name[32];
+
+                snprintf(name, sizeof name, "%" PRIu64 ".pack", ids[i]);
+                fd = openat(s->packs_fd, name, O_RDWR | O_CLOEXEC);
+                if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0)
+                        continue; /* a writer appends to it */
+                (void) unlinkat(s->packs_fd, name, 0);
+
+                CATALOG_LOCKED(s);
+                r = sqlite_prepare(s->catalog, "DELETE FROM packs WHERE id = ?1", &del);
+                if (r < 0)
+                        return r;
+                sqlite3_bind_int64(del, 1, (sqlite3_int64) ids[i]);
+                r = sqlite_step_done(del);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int collect_garbage(Store *s, StoreReapStats *stats) {
+        _cleanup_close_ int intent = -EBADF, gc = -EBADF;
+        _cleanup_free_ uint64_t *live_layers = NULL;
+        _cleanup_(digest_set_done) DigestSet live = {};
+        size_t n = 0;
+        int r;
+
+        intent = open_lock(s, "gc-intent.lock");
+        if (intent < 0)
+                return intent;
+        r = flock_retry(intent, LOCK_EX);
+        if (r < 0)
+                return r;
+        gc = open_lock(s, "gc.lock");
+        if (gc < 0)
+                return gc;
+        r = flock_retry(gc, LOCK_EX);
+        if (r < 0)
+                return r;
+
+        r = catalog_live_layers(s, &live_layers, &n);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                r = mark_layer(s, live_layers[i], &live);
+                if (r < 0)
+                        return r;
+        }
+        r = sweep_blocks(s, &live, stats);
+        if (r < 0)
+                return r;
+        return remove_empty_packs(s);
+}
+
+int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {
+        _cleanup_close_ int lock = -EBADF;
+        StoreReapStats stats = {};
+        char pid[24];
+        int r, n;
+
+        lock = open_lock(s, "reaper.lock");
+        if (lock < 0)
+                return lock;
+        if (flock(lock, LOCK_EX | LOCK_NB) < 0) {
+                if (errno != EWOULDBLOCK)
+                        return -errno;
+                if (!wait) {
+                        if (ret_holder && read_pid_file(s->locks_fd, "reaper.lock", ret_holder) < 0)
+                                *ret_holder = 0;
+                        return -EBUSY;
+                }
+                r = flock_retry(lock, LOCK_EX);
+                if (r < 0)
+                        return r;
+        }
+        n = snprintf(pid, sizeof pid, "%d\n", (int) getpid());
+        if (ftruncate(lock, 0) < 0 || pwrite(lock, pid, (size_t) n, 0) != n)
+                return -errno;
+
+        r = forget_deleted_subvolumes(s, &stats.subvolumes_forgotten);
+        if (r >= 0)
+                r = fold_layers(s, &stats);
+        if (r >= 0)
+                r = drop_dead_layers(s, &stats);
+        if (r >= 0)
+                r = remove_orphan_layer_files(s, &stats);
+        if (r >= 0)
+                r = collect_garbage(s, &stats);
+        if (ret)
+                *ret = stats;
+        return r;
+}
+
+int store_reap_in_background(Store *s) {
+        pid_t pid;
+        int status;
+
+        /* Double fork: the reaper is re-parented to init and never becomes
+         * a zombie of the caller. */
+        pid = fork();
+        if (pid < 0)
+                return -errno;
+        if (pid == 0) {
+                Store *t = NULL;
+
+                if (setsid() < 0 || fork() != 0)
+                        _exit(EXIT_SUCCESS);
+                (void) signal(SIGHUP, SIG_IGN);
+                for (int fd = 0; fd < 3; fd++) {
+                        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+                        if (null >= 0 && null != fd) {
+                                (void) dup2(null, fd);
+                                (void) close(null);
+                        }
+                }
+                if (store_open(s->path, &t) < 0)
+                        _exit(EXIT_FAILURE);
+                (void) store_reap(t, true, NULL, NULL);
+                store_close(t);
+                _exit(EXIT_SUCCESS);
+        }
+        while (waitpid(pid, &status, 0) < 0)
+                if (errno != EINTR)
+                        return -errno;
+        return 0;
+}

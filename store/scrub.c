@@ -1,0 +1,484 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/* scrub: read and verify every block, name the files that use a damaged
+ * one. fsck: check the catalog, the layers and the block index against
+ * each other. */
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "sqlite-util.h"
+#include "store-internal.h"
+
+#define PATH_DEPTH_MAX 4096
+
+/* The layers of a subvolume's stack, opened for reading. */
+typedef struct Stack {
+        char *subvolume;
+        uint64_t *ids;
+        sqlite3 **dbs;          /* NULL entries: layers without a database */
+        size_t n;
+} Stack;
+
+static void stack_done(Stack *st) {
+        for (size_t i = 0; i < st->n; i++)
+                if (st->dbs[i])
+                        sqlite3_close_v2(st->dbs[i]);
+        free(st->dbs);
+        free(st->ids);
+        free(st->subvolume);
+        *st = (Stack) {};
+}
+
+static int stack_open(Store *s, const SubvolumeRecord *rec, Stack *ret) {
+        int r;
+
+        *ret = (Stack) {};
+        ret->subvolume = strdup(rec->name);
+        if (!ret->subvolume)
+                return -ENOMEM;
+        r = catalog_layer_stack(s, rec->top_layer, &ret->ids, &ret->n);
+        if (r < 0)
+                return r;
+        ret->dbs = calloc(ret->n, sizeof *ret->dbs);
+        if (!ret->dbs)
+                return -ENOMEM;
+        for (size_t i = 0; i < ret->n; i++) {
+                r = layer_open(s, ret->ids[i], LAYER_READ, &ret->dbs[i]);
+                if (r < 0 && r != -ENOENT)
+                        return r;
+        }
+        return 0;
+}
+
+/* The inode that (parent, name) names in the stack, 0 if none. */
+static int stack_dentry(const Stack *st, uint64_t parent, const void *name, int name_len, uint64_t *ret) {
+        *ret = 0;
+        for (size_t i = 0; i < st->n; i++) {
+                _cleanup_stmt_ sqlite3_stmt *q = NULL;
+                int r;
+
+                if (!st->dbs[i])
+                        continue;
+                r = sqlite_prepare(st->dbs[i], "SELECT ino FROM dentries WHERE parent = ?1 AND name = ?2", &q);
+                if (r < 0)
+                        return r;
+                sqlite3_bind_int64(q, 1, (sqlite3_int64) parent);
+                sqlite3_bind_blob(q, 2, name, name_len, SQLITE_STATIC);
+                r = sqlite_step_row(q);
+                if (r < 0)
+                        return r;
+                if (r > 0) {
+                        *ret = (uint64_t) sqlite3_column_int64(q, 0);
+                        return 0;
+                }
+        }
+        return 0;
+}
+
+/* One visible name of ino: walks up through visible entries to the root. */
+static int stack_path(const Stack *st, uint64_t ino, char **ret) {
+        _cleanup_free_ char *path = strdup("");
+
+        if (!path)
+                return -ENOMEM;
+        for (unsigned depth = 0; ino != 1; depth++) {
+                bool found = false;
+
+                if (depth > PATH_DEPTH_MAX)
+                        return -ELOOP;
+                for (size_t i = 0; i < st->n && !found; i++) {
+                        _cleanup_stmt_ sqlite3_stmt *q = NULL;
+                        int r;
+
+                        if (!st->dbs[i])
+                                continue;
+                        r = sqlite_prepare(st->dbs[i], "SELECT parent, name FROM dentries WHERE ino = ?1", &q);
+                        if (r < 0)
+                                return r;
+                        sqlite3_bind_int64(q, 1, (sqlite3_int64) ino);
+                        while (!found && (r = sqlite_step_row(q)) > 0) {
+                                uint64_t parent = (uint64_t) sqlite3_column_int64(q, 0), visible;
+                                const void *name = sqlite3_column_blob(q, 1);
+                                int len = sqlite3_column_bytes(q, 1);
+                                char *p;
+
+                                r = stack_dentry(st, parent, name, len, &visible);
+                                if (r < 0)
+                                        return r;
+                                if (visible != ino)
+                                        continue;
+                                if (asprintf(&p, "/%.*s%s", len, (const char *) name, path) < 0)
+                                        return -ENOMEM;
+                                free(path);
+                                path = p;
+                                ino = parent;
+                                found = true;
+                        }
+                        if (r < 0)
+                                return r;
+                }
+                if (!found)
+                        return -ENOENT; /* not reachable: unlinked, or hidden */
+        }
+        *ret = path[0] ? TAKE_PTR(path) : strdup("/");
+        return *ret ? 0 : -ENOMEM;
+}
+
+/* Calls back once per (subvolume, path) that uses the block. */
+static int report_users(Store *s, const Digest *d, StoreDamage *damage, store_damage_cb cb, void *userdata,
+                        uint64_t *files) {
+        _cleanup_free_ SubvolumeRecord *recs = NULL;
+        size_t n = 0;
+        bool any = false;
+        int r;
+
+        r = catalog_list_subvolumes(s, &recs, &n);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                _cleanup_(stack_done) Stack st = {};
+
+                r = stack_open(s, &recs[i], &st);
+                for (size_t l = 0; r >= 0 && l < st.n; l++) {
+                        _cleanup_stmt_ sqlite3_stmt *q = NULL;
+
+                        if (!st.dbs[l])
+                                continue;
+                        r = sqlite_prepare(st.dbs[l], "SELECT DISTINCT ino FROM extents WHERE digest = ?1", &q);
+                        if (r < 0)
+                                break;
+                        sqlite3_bind_blob(q, 1, d->bytes, sizeof d->bytes, SQLITE_STATIC);
+                        while ((r = sqlite_step_row(q)) > 0) {
+                                _cleanup_free_ char *path = NULL;
+
+                                if (stack_path(&st, (uint64_t) sqlite3_column_int64(q, 0), &path) < 0)
+                                        continue;
+                                damage->subvolume = recs[i].name;
+                                damage->path = path;
+                                cb(damage, userdata);
+                                (*files)++;
+                                any = true;
+                        }
+                }
+                subvolume_record_clear(&recs[i]);
+                if (r < 0) {
+                        for (size_t j = i + 1; j < n; j++)
+                                subvolume_record_clear(&recs[j]);
+                        return r;
+                }
+        }
+        if (!any) {
+                damage->subvolume = NULL;
+                damage->path = NULL;
+                cb(damage, userdata);
+        }
+        return 0;
+}
+
+typedef struct BlockRow {
+        Digest digest;
+        BlockLocation loc;
+} BlockRow;
+
+static int list_blocks(Store *s, BlockRow **ret, size_t *ret_n) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_free_ BlockRow *rows = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT digest, pack, offset, stored_len, raw_len FROM blocks ORDER BY pack, offset", &st);
+        if (r < 0)
+                return r;
+        while ((r = sqlite_step_row(st)) > 0) {
+                if (sqlite3_column_bytes(st, 0) != sizeof(Digest))
+                        continue;
+                if (n == allocated) {
+                        BlockRow *p;
+
+                        allocated = MAX(allocated * 2, 1024u);
+                        p = realloc(rows, allocated * sizeof *p);
+                        if (!p)
+                                return -ENOMEM;
+                        rows = p;
+                }
+                memcpy(rows[n].digest.bytes, sqlite3_column_blob(st, 0), sizeof(Digest));
+                rows[n].loc = (BlockLocation) {
+                        .pack = (uint64_t) sqlite3_column_int64(st, 1),
+                        .offset = (uint64_t) sqlite3_column_int64(st, 2),
+                        .stored_len = (uint32_t) sqlite3_column_int(st, 3),
+                        .raw_len = (uint32_t) sqlite3_column_int(st, 4),
+                };
+                n++;
+        }
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(rows);
+        *ret_n = n;
+        return 0;
+}
+
+int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *ret) {
+        _cleanup_free_ BlockRow *rows = NULL;
+        _cleanup_free_ uint8_t *buf = NULL;
+        StoreScrubStats stats = {};
+        size_t n = 0;
+        int r;
+
+        buf = malloc(STORE_BLOCK_SIZE);
+        if (!buf)
+                return -ENOMEM;
+        r = list_blocks(s, &rows, &n);
+        if (r < 0)
+                return r;
+
+        for (size_t i = 0; i < n; i++) {
+                const char *reason = NULL;
+                StoreDamage damage;
+
+                r = block_read_at_reason(s, &rows[i].digest, &rows[i].loc, buf, &reason);
+                stats.blocks_checked++;
+                stats.bytes_checked += rows[i].loc.raw_len;
+                if (r >= 0)
+                        continue;
+                if (r != -EIO)
+                        return r;
+
+                block_count_corruption(s);
+                stats.blocks_damaged++;
+                damage = (StoreDamage) {
+                        .pack = rows[i].loc.pack,
+                        .offset = rows[i].loc.offset,
+                        .reason = reason ?: "unreadable",
+                };
+                digest_to_hex(&rows[i].digest, damage.digest);
+                if (cb) {
+                        r = report_users(s, &rows[i].digest, &damage, cb, userdata, &stats.files_damaged);
+                        if (r < 0)
+                                return r;
+                }
+        }
+        if (ret)
+                *ret = stats;
+        return 0;
+}
+
+/* ---- fsck ---- */
+
+typedef struct Fsck {
+        Store *store;
+        bool repair;
+        store_problem_cb cb;
+        void *userdata;
+        int unrepaired;
+} Fsck;
+
+_printf_(3, 4)
+static void problem(Fsck *f, bool repaired, const char *format, ...) {
+        _cleanup_free_ char *text = NULL, *line = NULL;
+        va_list ap;
+
+        va_start(ap, format);
+        if (vasprintf(&text, format, ap) < 0)
+                text = NULL;
+        va_end(ap);
+        if (!repaired)
+                f->unrepaired++;
+        if (f->cb && text && asprintf(&line, "%s%s", text, repaired ? " (repaired)" : "") >= 0)
+                f->cb(line, f->userdata);
+}
+
+static int check_integrity(Fsck *f, sqlite3 *db, const char *what) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        r = sqlite_prepare(db, "PRAGMA quick_check", &st);
+        if (r < 0)
+                return r;
+        while ((r = sqlite_step_row(st)) > 0) {
+                const char *msg = (const char *) sqlite3_column_text(st, 0);
+
+                if (msg && !streq(msg, "ok"))
+                        problem(f, false, "%s: %s", what, msg);
+        }
+        return r;
+}
+
+/* The layer's block set must be what its extents reference, each block in
+ * the index. */
+static int check_layer_blocks(Fsck *f, uint64_t id) {
+        _cleanup_sqlite_ sqlite3 *db = NULL;
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        char what[64];
+        int64_t mismatched = 0;
+        int r;
+
+        r = layer_exists(f->store, id);
+        if (r <= 0)
+                return r;
+        if (f->repair) {
+                _cleanup_free_ char *path = NULL;
+
+                /* Opened as it is: a sealed layer must stay without a WAL. */
+                r = layer_path(f->store, id, &path);
+                if (r >= 0)
+                        r = sqlite_open(path, SQLITE_OPEN_READWRITE, false, &db);
+        } else
+                r = layer_open(f->store, id, LAYER_READ, &db);
+        if (r < 0)
+                return r;
+        snprintf(what, sizeof what, "layer %" PRIu64, id);
+        r = check_integrity(f, db, what);
+        if (r < 0)
+                return r;
+
+        r = sqlite_query_int(db,
+                             "SELECT count(*) FROM (SELECT digest, count(*) AS n FROM extents WHERE digest IS NOT NULL "
+                             "GROUP BY digest) e FULL JOIN blockrefs b USING (digest) "
+                             "WHERE e.n IS NOT b.refs",
+                             &mismatched);
+        if (r < 0)
+                return r;
+        if (mismatched > 0) {
+                bool fixed = false;
+
+                if (f->repair)
+                        fixed = sqlite_exec(db,
+                                            "BEGIN;"
+                                            "CREATE TEMP TABLE lens AS SELECT digest, stored_len FROM blockrefs;"
+                                            "DELETE FROM blockrefs;"
+                                            "INSERT INTO blockrefs SELECT e.digest, count(*), coalesce((SELECT stored_len "
+                                            "  FROM lens WHERE lens.digest = e.digest), 0) FROM extents e "
+                                            "  WHERE e.digest IS NOT NULL GROUP BY e.digest;"
+                                            "COMMIT;") >= 0;
+                problem(f, fixed, "%s: %" PRId64 " block reference counts disagree with its extents", what, mismatched);
+        }
+
+        r = sqlite_prepare(db, "SELECT digest FROM blockrefs", &st);
+        if (r < 0)
+                return r;
+        while ((r = sqlite_step_row(st)) > 0) {
+                BlockLocation loc;
+                Digest d;
+                char hex[33];
+
+                if (sqlite3_column_bytes(st, 0) != sizeof d.bytes)
+                        continue;
+                memcpy(d.bytes, sqlite3_column_blob(st, 0), sizeof d.bytes);
+                if (block_lookup(f->store, &d, &loc) >= 0)
+                        continue;
+                digest_to_hex(&d, hex);
+                problem(f, false, "%s references block %s, which the block index lacks: its data is lost", what, hex);
+        }
+        return r;
+}
+
+/* Every visible entry of the subvolume names an inode that exists. */
+static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
+        _cleanup_(stack_done) Stack st = {};
+        int r;
+
+        r = stack_open(f->store, rec, &st);
+        if (r == -EUCLEAN) {
+                problem(f, false, "subvolume '%s': its layer stack is broken", rec->name);
+                return 0;
+        }
+        if (r < 0)
+                return r;
+
+        for (size_t i = 0; i < st.n; i++) {
+                _cleanup_stmt_ sqlite3_stmt *q = NULL;
+
+                if (!st.dbs[i])
+                        continue;
+                r = sqlite_prepare(st.dbs[i], "SELECT parent, name, ino FROM dentries WHERE ino != 0", &q);
+                if (r < 0)
+                        return r;
+                while ((r = sqlite_step_row(q)) > 0) {
+                        uint64_t ino = (uint64_t) sqlite3_column_int64(q, 2), visible;
+                        bool exists = false;
+
+                        r = stack_dentry(&st, (uint64_t) sqlite3_column_int64(q, 0), sqlite3_column_blob(q, 1),
+                                         sqlite3_column_bytes(q, 1), &visible);
+                        if (r < 0)
+                                return r;
+                        if (visible != ino)
+                                continue;
+                        for (size_t j = 0; j < st.n && !exists; j++) {
+                                int64_t found = 0;
+                                char sql[96];
+
+                                if (!st.dbs[j])
+                                        continue;
+                                snprintf(sql, sizeof sql, "SELECT count(*) FROM inodes WHERE ino = %" PRIu64, ino);
+                                r = sqlite_query_int(st.dbs[j], sql, &found);
+                                if (r < 0)
+                                        return r;
+                                exists = found > 0;
+                        }
+                        if (!exists)
+                                problem(f, false, "subvolume '%s': entry '%.*s' names inode %" PRIu64 ", which is missing",
+                                        rec->name, sqlite3_column_bytes(q, 1),
+                                        (const char *) sqlite3_column_blob(q, 1), ino);
+                }
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+int store_fsck(Store *s, bool repair, store_problem_cb cb, void *userdata) {
+        _cleanup_free_ SubvolumeRecord *recs = NULL;
+        _cleanup_free_ uint64_t *layers = NULL;
+        Fsck f = { .store = s, .repair = repair, .cb = cb, .userdata = userdata };
+        size_t n = 0, n_layers = 0;
+        int r;
+
+        /* Repairs change layers: none may be served meanwhile. */
+        if (repair) {
+                r = catalog_list_subvolumes(s, &recs, &n);
+                if (r < 0)
+                        return r;
+                for (size_t i = 0; i < n; i++) {
+                        pid_t holder;
+
+                        if (r >= 0 && subvolume_lock_holder(s, recs[i].id, &holder) > 0)
+                                r = -EBUSY;
+                        subvolume_record_clear(&recs[i]);
+                }
+                recs = mfree(recs);
+                n = 0;
+                if (r < 0)
+                        return r;
+        }
+
+        {
+                CATALOG_LOCKED(s);
+                r = check_integrity(&f, s->catalog, "catalog");
+                if (r < 0)
+                        return r;
+        }
+
+        r = catalog_live_layers(s, &layers, &n_layers);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n_layers; i++) {
+                r = check_layer_blocks(&f, layers[i]);
+                if (r < 0)
+                        return r;
+        }
+
+        r = catalog_list_subvolumes(s, &recs, &n);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                if (r >= 0)
+                        r = check_subvolume(&f, &recs[i]);
+                subvolume_record_clear(&recs[i]);
+        }
+        if (r < 0)
+                return r;
+        return f.unrepaired;
+}

@@ -1,0 +1,110 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+#include <errno.h>
+#include <stdbool.h>
+
+#include "sqlite-util.h"
+
+int sqlite_errno(int rc) {
+        switch (rc & 0xff) {
+        case SQLITE_OK:
+        case SQLITE_ROW:
+        case SQLITE_DONE:
+                return 0;
+        case SQLITE_BUSY:
+        case SQLITE_LOCKED:
+                return -EBUSY;
+        case SQLITE_NOMEM:
+                return -ENOMEM;
+        case SQLITE_READONLY:
+                return -EROFS;
+        case SQLITE_FULL:
+                return -ENOSPC;
+        case SQLITE_CANTOPEN:
+                return -ENOENT;
+        case SQLITE_CONSTRAINT:
+                return -EEXIST;
+        case SQLITE_PERM:
+        case SQLITE_AUTH:
+                return -EACCES;
+        case SQLITE_CORRUPT:
+        case SQLITE_NOTADB:
+                return -EUCLEAN;
+        case SQLITE_TOOBIG:
+                return -EFBIG;
+        default:
+                return -EIO;
+        }
+}
+
+int sqlite_open(const char *path, int flags, bool wal, sqlite3 **ret) {
+        _cleanup_sqlite_ sqlite3 *db = NULL;
+        int rc, r;
+
+        rc = sqlite3_open_v2(path, &db, flags | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE, NULL);
+        if (rc != SQLITE_OK)
+                return sqlite_errno(rc);
+
+        (void) sqlite3_busy_timeout(db, 30000);
+
+        if (wal && !(flags & SQLITE_OPEN_READONLY)) {
+                r = sqlite_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;");
+                if (r < 0)
+                        return r;
+        }
+
+        *ret = TAKE_PTR(db);
+        return 0;
+}
+
+int sqlite_exec(sqlite3 *db, const char *sql) {
+        return sqlite_errno(sqlite3_exec(db, sql, NULL, NULL, NULL));
+}
+
+int sqlite_prepare(sqlite3 *db, const char *sql, sqlite3_stmt **ret) {
+        return sqlite_errno(sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, ret, NULL));
+}
+
+int sqlite_step_done(sqlite3_stmt *st) {
+        int rc = sqlite3_step(st);
+        (void) sqlite3_reset(st);
+        if (rc == SQLITE_DONE || rc == SQLITE_ROW)
+                return 0;
+        return sqlite_errno(rc);
+}
+
+int sqlite_step_row(sqlite3_stmt *st) {
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW)
+                return 1;
+        if (rc == SQLITE_DONE)
+                return 0;
+        return sqlite_errno(rc);
+}
+
+int sqlite_query_int(sqlite3 *db, const char *sql, int64_t *ret_value) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        r = sqlite_errno(sqlite3_prepare_v2(db, sql, -1, &st, NULL));
+        if (r < 0)
+                return r;
+        r = sqlite_step_row(st);
+        if (r <= 0)
+                return r;
+        *ret_value = sqlite3_column_int64(st, 0);
+        return 0;
+}
+
+int sqlite_begin(sqlite3 *db) {
+        return sqlite_exec(db, "BEGIN IMMEDIATE");
+}
+
+int sqlite_commit(sqlite3 *db) {
+        return sqlite_exec(db, "COMMIT");
+}
+
+void sqlite_rollback(sqlite3 *db) {
+        if (!sqlite3_get_autocommit(db))
+                (void) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+}

@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * Internals shared by the files of store/. Nothing outside store/ includes
+ * this header.
+ *
+ * On disk, a store is:
+ *   catalog.db        SQLite (WAL): store identity and secret, layers (a tree
+ *                     by parent), subvolumes (each names its top layer), the
+ *                     block index (digest -> pack, offset) and counters
+ *   layers/N.db       one SQLite database per layer: inodes, directory
+ *                     entries (with whiteouts), xattrs, extents, and the
+ *                     set of blocks the layer references
+ *   packs/N.pack      append-only files of block records (pack.h format)
+ *   locks/            one lock file per subvolume (held by its server),
+ *                     reaper.lock, gc.lock and gc-intent.lock
+ */
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cleanup.h"
+#include "mutex-util.h"
+#include "store.h"
+#include "string-util.h"
+
+#define STORE_FORMAT_VERSION 1
+#define STORE_SECRET_SIZE 192
+
+/* Files are cut into blocks of this size at aligned offsets. */
+#define STORE_BLOCK_SIZE (64 * 1024)
+/* Regular files up to this size live inline in their inode row. */
+#define INLINE_MAX 4096
+
+/* A block's address: XXH3-128 of its content, keyed with the store's secret. */
+typedef struct Digest {
+        uint8_t bytes[16];
+} Digest;
+
+void digest_to_hex(const Digest *d, char ret[static 33]);
+
+struct Store {
+        char *path;
+        int dir_fd;
+        int packs_fd;
+        int layers_fd;
+        int locks_fd;
+
+        /* One connection to the catalog, serialized by catalog_lock. */
+        pthread_mutex_t catalog_lock;
+        sqlite3 *catalog;
+
+        uint8_t secret[STORE_SECRET_SIZE];
+        char uuid[37];
+
+        struct Packs *packs;
+};
+
+DEFINE_TRIVIAL_CLEANUP_FUNC(Store *, store_close);
+
+/* The catalog connection is shared by threads; its mutex is recursive. */
+#define CATALOG_LOCKED(s) MUTEX_LOCKED(&(s)->catalog_lock)
+
+#define FOREACH_STORE_SUBDIR(sub) FOREACH_STRING(sub, "packs", "layers", "locks")
+
+/* ---- store.c ---- */
+uint64_t now_usec(void);
+uint64_t now_nsec(void);
+int uuid_generate_string(char ret[static 37]);
+int read_pid_file(int dir_fd, const char *name, pid_t *ret);
+
+/* ---- catalog.c ---- */
+typedef struct SubvolumeRecord {
+        uint64_t id;
+        char *name;
+        char uuid[37];
+        char parent_uuid[37];
+        bool readonly;
+        uint64_t created_usec;
+        uint64_t top_layer;
+} SubvolumeRecord;
+
+void subvolume_record_clear(SubvolumeRecord *r);
+
+int catalog_create_schema(sqlite3 *db);
+int catalog_find_subvolume(Store *s, const char *name, SubvolumeRecord *ret);
+int catalog_find_subvolume_by_id(Store *s, uint64_t id, SubvolumeRecord *ret);
+
+/* The stack of a layer: ids from the layer itself (index 0) down to the
+ * bottom. */
+int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_n);
+
+/* Creates the snapshot in the catalog. The source's top layer must be
+ * sealed already if the source is writable. */
+int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, bool readonly);
+
+/* Takes a subvolume's lock: exclusive for writers (and for the operations
+ * that need it unmounted), shared for read-only servers. -EBUSY with the
+ * holder's pid if it is taken. Returns the lock fd. */
+int subvolume_lock(Store *s, uint64_t id, bool exclusive, pid_t *ret_holder);
+
+/* 1 and the holder's pid if a process has the subvolume mounted writable. */
+int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder);
+
+/* Layers that no live subvolume reaches, and those that one does. */
+int catalog_live_layers(Store *s, uint64_t **ret_ids, size_t *ret_n);
+int catalog_dead_layers(Store *s, uint64_t **ret_ids, size_t *ret_n);
+
+/* Live subvolumes whose stacks include the layer. */
+int catalog_layer_users(Store *s, uint64_t layer, int64_t *ret);
+int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n);
+int catalog_block_totals(Store *s, uint64_t *ret_blocks, uint64_t *ret_bytes);
+int catalog_metadata_bytes(Store *s, uint64_t *ret_bytes, uint64_t *ret_layers);
+
+/* ---- layer.c ---- */
+typedef struct LayerCounters {
+        uint64_t next_ino;
+        uint64_t logical_bytes;
+        uint64_t inodes;
+        uint64_t stored_bytes;  /* distinct blocks this layer references */
+} LayerCounters;
+
+int layer_path(Store *s, uint64_t id, char **ret);
+int layer_create(Store *s, uint64_t id, const LayerCounters *inherit, bool with_root, sqlite3 **ret);
+typedef enum LayerOpenMode {
+        LAYER_READ,             /* read-only; a writer may still commit to it */
+        LAYER_READ_FROZEN,      /* read-only and immutable: sealed, no locking */
+        LAYER_WRITE,            /* the writer of the top layer */
+} LayerOpenMode;
+
+/* -ENOENT if the layer has no database (it is empty). */
+int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret);
+int layer_exists(Store *s, uint64_t id);
+/* Checkpoints the WAL and switches to a rollback journal, so that the frozen
+ * layer can be opened immutable by anyone. */
+int layer_seal(Store *s, uint64_t id);
+int layer_read_counters(sqlite3 *db, LayerCounters *ret);
+int layer_write_counters(sqlite3 *db, const LayerCounters *c);
+/* Counters of the nearest layer of the stack that has a database. */
+int layer_stack_counters(Store *s, const uint64_t *ids, size_t n, LayerCounters *ret);
+int layer_unlink(Store *s, uint64_t id);
+uint64_t layer_file_bytes(Store *s, uint64_t id);
+
+/* ---- blocks.c ---- */
+typedef struct BlockLocation {
+        uint64_t pack;
+        uint64_t offset;
+        uint32_t stored_len;
+        uint32_t raw_len;
+} BlockLocation;
+
+int packs_new(Store *s, struct Packs **ret);
+struct Packs *packs_free(struct Packs *p);
+
+void block_digest(Store *s, const void *data, size_t len, Digest *ret);
+
+/* Looks a block up in the index (and in this process's blocks not yet
+ * indexed). 0 and ret filled if present, -ENOENT if not. */
+int block_lookup(Store *s, const Digest *d, BlockLocation *ret);
+
+/* Stores a block unless it is there already; returns its location. The
+ * index rows become visible to others at block_commit(). */
+int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLocation *ret);
+
+/* Reads and verifies a block into buf (STORE_BLOCK_SIZE bytes); returns its
+ * length. -EIO on any mismatch, which is counted. */
+int block_read(Store *s, const Digest *d, void *buf);
+int block_read_at(Store *s, const Digest *d, const BlockLocation *loc, void *buf);
+
+/* Makes appended blocks durable and indexes them. */
+int block_commit(Store *s);
+
+/* Counts a corruption event in the catalog, where usage reports it. */
+void block_count_corruption(Store *s);
+
+/* As block_read_at(), but names what is wrong and counts nothing: for scrub. */
+int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, void *buf, const char **ret_reason);
+
+/* Punches the record out of its pack. */
+int block_free(Store *s, const Digest *d, const BlockLocation *loc);
+
+uint64_t packs_disk_bytes(Store *s);
+
+/* Opens a pack for reading (cached). */
+int pack_fd(Store *s, uint64_t pack);
+
+/* Record format in packs. */
+#define PACK_RECORD_MAGIC 0x42584243u /* "CBXB" little-endian */
+#define PACK_COMPRESSION_NONE 0
+#define PACK_COMPRESSION_ZSTD 1
+
+typedef struct __attribute__((packed)) PackRecordHeader {
+        uint32_t magic;
+        uint8_t version;
+        uint8_t compression;
+        uint16_t reserved;
+        uint32_t raw_len;
+        uint32_t stored_len;
+        uint8_t digest[16];
+        uint64_t payload_check;  /* XXH3-64 of the stored payload */
+        uint32_t header_check;   /* XXH32 of the bytes above */
+        uint32_t padding;
+} PackRecordHeader;
+
+/* Verifies a record read at its location; decompresses into buf. */
+int pack_record_decode(Store *s, const void *record, size_t record_len, const Digest *expect,
+                       void *buf, const char **ret_reason);
+
+/* ---- fold.c ---- */
+int fold_layers(Store *s, StoreReapStats *stats);
+
+/* ---- gc locking (reaper.c) ---- */
+/* Writers hold the shared GC lock while they have references to blocks that
+ * are not committed yet, so that the reaper never frees a block between a
+ * writer's dedup hit and its commit. */
+int gc_lock_shared(Store *s, int *fd);
+void gc_unlock(int *fd);
+
+/* ---- control.c ---- */
+typedef struct ControlServer ControlServer;
+struct Volume;
+int control_server_start(struct Volume *v, Store *s, uint64_t subvolume_id, ControlServer **ret);
+ControlServer *control_server_stop(ControlServer *c);
+int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly);
+
+/* ---- volume.c ---- */
+int volume_snapshot_locked_out(struct Volume *v, const char *name, bool readonly);

@@ -1,0 +1,614 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/* Opening and creating stores; subvolume operations on the catalog. */
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+
+#include "sqlite-util.h"
+#include "store-internal.h"
+
+uint64_t now_usec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
+}
+
+uint64_t now_nsec(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
+}
+
+int uuid_generate_string(char ret[static 37]) {
+        uint8_t b[16];
+
+        if (getrandom(b, sizeof b, 0) != sizeof b)
+                return -EIO;
+        b[6] = (b[6] & 0x0f) | 0x40; /* version 4 */
+        b[8] = (b[8] & 0x3f) | 0x80; /* RFC 4122 variant */
+        snprintf(ret, 37,
+                 "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                 b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
+                 b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        return 0;
+}
+
+int read_pid_file(int dir_fd, const char *name, pid_t *ret) {
+        _cleanup_close_ int fd = -EBADF;
+        char buf[32] = {};
+        ssize_t n;
+
+        fd = openat(dir_fd, name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        n = read(fd, buf, sizeof buf - 1);
+        if (n <= 0)
+                return -ENODATA;
+        *ret = (pid_t) strtol(buf, NULL, 10);
+        return *ret > 0 ? 0 : -ENODATA;
+}
+
+bool store_name_is_valid(const char *name) {
+        size_t n;
+
+        if (!name)
+                return false;
+        n = strlen(name);
+        if (n == 0 || n > STORE_NAME_MAX)
+                return false;
+        if (streq_dot(name))
+                return false;
+        for (const char *p = name; *p; p++)
+                if (*p == '/' || (unsigned char) *p < 0x20 || *p == 0x7f)
+                        return false;
+        return true;
+}
+
+const char *store_strerror(int error) {
+        switch (-error) {
+        case EPROTO:
+                return "the store's format is newer than this program understands";
+        case EUCLEAN:
+                return "the store's metadata is damaged (run fsck)";
+        case ENOTEMPTY:
+                return "the directory is not empty and holds no store";
+        case EROFS:
+                return "the subvolume is read-only";
+        case EBUSY:
+                return "the subvolume is in use by another process";
+        default:
+                return NULL;
+        }
+}
+
+const char *store_path(const Store *s) {
+        return s->path;
+}
+
+static int open_subdir(int dir_fd, const char *name, bool create) {
+        int fd;
+
+        if (create && mkdirat(dir_fd, name, 0700) < 0 && errno != EEXIST)
+                return -errno;
+        fd = openat(dir_fd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        return fd < 0 ? -errno : fd;
+}
+
+static int directory_is_empty(int dir_fd) {
+        _cleanup_close_ int fd = fcntl(dir_fd, F_DUPFD_CLOEXEC, 3);
+        DIR *d;
+        struct dirent *de;
+        bool empty = true;
+
+        if (fd < 0)
+                return -errno;
+        d = fdopendir(fd);
+        if (!d)
+                return -errno;
+        TAKE_FD(fd);
+        while ((de = readdir(d)))
+                if (!streq_dot(de->d_name)) {
+                        empty = false;
+                        break;
+                }
+        closedir(d);
+        return empty;
+}
+
+static int catalog_write_identity(sqlite3 *db) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        uint8_t secret[STORE_SECRET_SIZE];
+        char uuid[37];
+        int r;
+
+        if (getrandom(secret, sizeof secret, 0) != sizeof secret)
+                return -EIO;
+        r = uuid_generate_string(uuid);
+        if (r < 0)
+                return r;
+
+        r = sqlite_prepare(db, "INSERT INTO meta(key, value) VALUES ('format', ?1), ('uuid', ?2), "
+                               "('secret', ?3), ('created_usec', ?4)", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int(st, 1, STORE_FORMAT_VERSION);
+        sqlite3_bind_text(st, 2, uuid, -1, SQLITE_TRANSIENT);
+        sqlite3_bind_blob(st, 3, secret, sizeof secret, SQLITE_TRANSIENT);
+        sqlite3_bind_int64(st, 4, (sqlite3_int64) now_usec());
+        return sqlite_step_done(st);
+}
+
+int store_init(const char *path) {
+        _cleanup_close_ int dir_fd = -EBADF;
+        _cleanup_sqlite_ sqlite3 *db = NULL;
+        _cleanup_free_ char *catalog = NULL;
+        int r;
+
+        if (!path)
+                return -EINVAL;
+        if (mkdir(path, 0700) < 0 && errno != EEXIST)
+                return -errno;
+        dir_fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir_fd < 0)
+                return -errno;
+        if (faccessat(dir_fd, "catalog.db", F_OK, 0) == 0)
+                return -EEXIST;
+        r = directory_is_empty(dir_fd);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return -ENOTEMPTY;
+
+        FOREACH_STORE_SUBDIR(sub) {
+                r = open_subdir(dir_fd, sub, true);
+                if (r < 0)
+                        return r;
+                safe_close(r);
+        }
+
+        /* The catalog is created under a temporary name and renamed last, so
+         * that a store either exists completely or not at all. */
+        if (asprintf(&catalog, "%s/catalog.db.new", path) < 0)
+                return -ENOMEM;
+        (void) unlink(catalog);
+        r = sqlite_open(catalog, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, false, &db);
+        if (r < 0)
+                return r;
+        r = sqlite_exec(db, "BEGIN");
+        if (r >= 0)
+                r = catalog_create_schema(db);
+        if (r >= 0)
+                r = catalog_write_identity(db);
+        if (r >= 0)
+                r = sqlite_commit(db);
+        if (r < 0)
+                return r;
+        sqlite3_close_v2(TAKE_PTR(db));
+
+        if (renameat(dir_fd, "catalog.db.new", dir_fd, "catalog.db") < 0)
+                return -errno;
+        if (fsync(dir_fd) < 0)
+                return -errno;
+        return 0;
+}
+
+static int catalog_read_identity(Store *s) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        r = sqlite_prepare(s->catalog, "SELECT key, value FROM meta", &st);
+        if (r < 0)
+                return r;
+        s->uuid[0] = 0;
+        while ((r = sqlite_step_row(st)) > 0) {
+                const char *key = (const char *) sqlite3_column_text(st, 0);
+
+                if (streq(key, "format")) {
+                        if (sqlite3_column_int(st, 1) > STORE_FORMAT_VERSION)
+                                return -EPROTO;
+                } else if (streq(key, "uuid"))
+                        snprintf(s->uuid, sizeof s->uuid, "%s", (const char *) sqlite3_column_text(st, 1));
+                else if (streq(key, "secret")) {
+                        if (sqlite3_column_bytes(st, 1) != STORE_SECRET_SIZE)
+                                return -EUCLEAN;
+                        memcpy(s->secret, sqlite3_column_blob(st, 1), STORE_SECRET_SIZE);
+                }
+        }
+        if (r < 0)
+                return r;
+        return s->uuid[0] ? 0 : -EUCLEAN;
+}
+
+int store_open(const char *path, Store **ret) {
+        _cleanup_(store_closep) Store *s = NULL;
+        _cleanup_free_ char *catalog = NULL;
+        int r;
+
+        if (!path || !ret)
+                return -EINVAL;
+
+        s = calloc(1, sizeof *s);
+        if (!s)
+                return -ENOMEM;
+        s->dir_fd = s->packs_fd = s->layers_fd = s->locks_fd = -EBADF;
+        {
+                pthread_mutexattr_t attr;
+
+                pthread_mutexattr_init(&attr);
+                pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE);
+                pthread_mutex_init(&s->catalog_lock, &attr);
+                pthread_mutexattr_destroy(&attr);
+        }
+        s->path = strdup(path);
+        if (!s->path)
+                return -ENOMEM;
+
+        s->dir_fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (s->dir_fd < 0)
+                return -errno;
+        if (faccessat(s->dir_fd, "catalog.db", F_OK, 0) < 0)
+                return -ENOENT;
+
+        s->packs_fd = open_subdir(s->dir_fd, "packs", false);
+        if (s->packs_fd < 0)
+                return -EUCLEAN;
+        s->layers_fd = open_subdir(s->dir_fd, "layers", false);
+        if (s->layers_fd < 0)
+                return -EUCLEAN;
+        s->locks_fd = open_subdir(s->dir_fd, "locks", false);
+        if (s->locks_fd < 0)
+                return -EUCLEAN;
+
+        if (asprintf(&catalog, "%s/catalog.db", path) < 0)
+                return -ENOMEM;
+        r = sqlite_open(catalog, SQLITE_OPEN_READWRITE, true, &s->catalog);
+        if (r < 0)
+                return r;
+        r = catalog_read_identity(s);
+        if (r < 0)
+                return r;
+        r = packs_new(s, &s->packs);
+        if (r < 0)
+                return r;
+
+        *ret = TAKE_PTR(s);
+        return 0;
+}
+
+Store *store_close(Store *s) {
+        if (!s)
+                return NULL;
+        s->packs = packs_free(s->packs);
+        if (s->catalog)
+                sqlite3_close_v2(s->catalog);
+        safe_close(s->locks_fd);
+        safe_close(s->layers_fd);
+        safe_close(s->packs_fd);
+        safe_close(s->dir_fd);
+        pthread_mutex_destroy(&s->catalog_lock);
+        free(s->path);
+        free(s);
+        return NULL;
+}
+
+void store_subvolume_info_clear(StoreSubvolumeInfo *info) {
+        if (!info)
+                return;
+        free(info->name);
+        info->name = NULL;
+}
+
+void store_subvolume_info_array_free(StoreSubvolumeInfo *infos, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                store_subvolume_info_clear(&infos[i]);
+        free(infos);
+}
+
+int store_subvolume_create(Store *s, const char *name) {
+        _cleanup_sqlite_ sqlite3 *layer = NULL;
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        LayerCounters counters = { .next_ino = 2 };
+        char uuid[37];
+        uint64_t layer_id = 0;
+        int r;
+
+        if (!store_name_is_valid(name))
+                return -EINVAL;
+        r = uuid_generate_string(uuid);
+        if (r < 0)
+                return r;
+
+        CATALOG_LOCKED(s);
+
+        r = sqlite_begin(s->catalog);
+        if (r < 0)
+                return r;
+        r = sqlite_prepare(s->catalog, "INSERT INTO layers(parent, created_usec) VALUES (NULL, ?1)", &st);
+        if (r < 0)
+                goto fail;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) now_usec());
+        r = sqlite_step_done(st);
+        if (r < 0)
+                goto fail;
+        layer_id = (uint64_t) sqlite3_last_insert_rowid(s->catalog);
+        sqlite3_finalize(TAKE_PTR(st));
+
+        r = sqlite_prepare(s->catalog,
+                           "INSERT INTO subvolumes(name, uuid, parent_uuid, readonly, created_usec, top_layer) "
+                           "VALUES (?1, ?2, '', 0, ?3, ?4)", &st);
+        if (r < 0)
+                goto fail;
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, uuid, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64) now_usec());
+        sqlite3_bind_int64(st, 4, (sqlite3_int64) layer_id);
+        r = sqlite_step_done(st);
+        if (r < 0)
+                goto fail;
+
+        /* The layer's database, with its root directory, exists before the
+         * catalog names it: a crash in between leaves an orphan file that
+         * the reaper removes, never a subvolume without a root. */
+        r = layer_create(s, layer_id, &counters, true, &layer);
+        if (r < 0)
+                goto fail;
+        r = sqlite_commit(s->catalog);
+        if (r < 0)
+                goto fail;
+        return 0;
+
+fail:
+        sqlite_rollback(s->catalog);
+        if (layer) {
+                sqlite3_close_v2(TAKE_PTR(layer));
+                (void) layer_unlink(s, layer_id);
+        }
+        return r;
+}
+
+int store_subvolume_snapshot(Store *s, const char *source, const char *name, bool readonly) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord src = {};
+        _cleanup_close_ int lock_fd = -EBADF;
+        SubvolumeRecord existing = {};
+        int r;
+
+        if (!store_name_is_valid(source) || !store_name_is_valid(name))
+                return -EINVAL;
+
+        r = catalog_find_subvolume(s, source, &src);
+        if (r < 0)
+                return r;
+        r = catalog_find_subvolume(s, name, &existing);
+        subvolume_record_clear(&existing);
+        if (r >= 0)
+                return -EEXIST;
+        if (r != -ENOENT)
+                return r;
+
+        if (src.readonly)
+                return catalog_snapshot(s, &src, name, readonly);
+
+        /* A writable source: whoever holds its lock owns its top layer. If a
+         * server has it mounted, it takes the snapshot itself, at a point
+         * where everything written before is committed. */
+        lock_fd = subvolume_lock(s, src.id, true, NULL);
+        if (lock_fd == -EBUSY)
+                return control_request_snapshot(s, src.id, name, readonly);
+        if (lock_fd < 0)
+                return lock_fd;
+
+        r = layer_seal(s, src.top_layer);
+        if (r < 0)
+                return r;
+
+        return catalog_snapshot(s, &src, name, readonly);
+}
+
+int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_close_ int lock_fd = -EBADF;
+        int r;
+
+        if (!store_name_is_valid(name))
+                return -EINVAL;
+        r = catalog_find_subvolume(s, name, &rec);
+        if (r < 0)
+                return r;
+
+        lock_fd = subvolume_lock(s, rec.id, true, ret_holder);
+        if (lock_fd < 0)
+                return lock_fd;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET deleted = 1 WHERE id = ?1 AND deleted = 0", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) rec.id);
+        r = sqlite_step_done(st);
+        if (r < 0)
+                return r;
+        return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
+}
+
+/* Fills the space figures of one subvolume from its layers. */
+static int subvolume_fill_space(Store *s, StoreSubvolumeInfo *info) {
+        _cleanup_free_ uint64_t *ids = NULL;
+        LayerCounters c = {};
+        size_t n = 0;
+        int r;
+
+        r = catalog_layer_stack(s, info->top_layer, &ids, &n);
+        if (r < 0)
+                return r;
+        info->depth = (unsigned) n;
+
+        r = layer_stack_counters(s, ids, n, &c);
+        if (r < 0)
+                return r;
+        info->logical_bytes = c.logical_bytes;
+        info->inodes = c.inodes;
+
+        for (size_t i = 0; i < n; i++) {
+                _cleanup_sqlite_ sqlite3 *db = NULL;
+                LayerCounters lc = {};
+                int64_t users = 0;
+
+                r = layer_open(s, ids[i], LAYER_READ, &db);
+                if (r == -ENOENT)
+                        continue;
+                if (r < 0)
+                        return r;
+                r = layer_read_counters(db, &lc);
+                if (r < 0)
+                        return r;
+                info->referenced_bytes += lc.stored_bytes;
+
+                r = catalog_layer_users(s, ids[i], &users);
+                if (r < 0)
+                        return r;
+                if (users <= 1)
+                        info->exclusive_bytes += lc.stored_bytes;
+        }
+        return 0;
+}
+
+static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, StoreSubvolumeInfo *ret) {
+        pid_t holder = 0;
+        int r;
+
+        *ret = (StoreSubvolumeInfo) {
+                .id = rec->id,
+                .name = TAKE_PTR(rec->name),
+                .readonly = rec->readonly,
+                .created_usec = rec->created_usec,
+                .top_layer = rec->top_layer,
+        };
+        memcpy(ret->uuid, rec->uuid, sizeof ret->uuid);
+        memcpy(ret->parent_uuid, rec->parent_uuid, sizeof ret->parent_uuid);
+
+        if (subvolume_lock_holder(s, rec->id, &holder) > 0)
+                ret->mounted_by = holder;
+
+        r = subvolume_fill_space(s, ret);
+        if (r < 0) {
+                store_subvolume_info_clear(ret);
+                return r;
+        }
+        return 0;
+}
+
+int store_subvolume_show(Store *s, const char *name, StoreSubvolumeInfo *ret) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+        int r;
+
+        if (!store_name_is_valid(name))
+                return -EINVAL;
+        r = catalog_find_subvolume(s, name, &rec);
+        if (r < 0)
+                return r;
+        return subvolume_info_from_record(s, &rec, ret);
+}
+
+int store_subvolume_list(Store *s, StoreSubvolumeInfo **ret, size_t *ret_n) {
+        _cleanup_free_ SubvolumeRecord *recs = NULL;
+        StoreSubvolumeInfo *infos = NULL;
+        size_t n = 0;
+        int r;
+
+        r = catalog_list_subvolumes(s, &recs, &n);
+        if (r < 0)
+                return r;
+
+        infos = calloc(MAX(n, 1u), sizeof *infos);
+        if (!infos) {
+                r = -ENOMEM;
+                goto finish;
+        }
+        for (size_t i = 0; i < n; i++) {
+                r = subvolume_info_from_record(s, &recs[i], &infos[i]);
+                if (r < 0) {
+                        store_subvolume_info_array_free(infos, i);
+                        infos = NULL;
+                        goto finish;
+                }
+        }
+        *ret = infos;
+        *ret_n = n;
+        r = 0;
+finish:
+        for (size_t i = 0; i < n; i++)
+                subvolume_record_clear(&recs[i]);
+        return r;
+}
+
+int store_usage(Store *s, StoreUsage *ret) {
+        _cleanup_free_ uint64_t *dead = NULL;
+        StoreSubvolumeInfo *infos = NULL;
+        struct statvfs sv;
+        size_t n = 0, n_dead = 0;
+        int64_t v;
+        int r;
+
+        *ret = (StoreUsage) {};
+
+        r = store_subvolume_list(s, &infos, &n);
+        if (r < 0)
+                return r;
+        ret->subvolumes = n;
+        for (size_t i = 0; i < n; i++)
+                ret->logical_bytes += infos[i].logical_bytes;
+        store_subvolume_info_array_free(infos, n);
+
+        r = catalog_block_totals(s, &ret->blocks, &ret->data_bytes);
+        if (r < 0)
+                return r;
+        r = catalog_metadata_bytes(s, &ret->metadata_bytes, &ret->layers);
+        if (r < 0)
+                return r;
+        ret->stored_bytes = ret->data_bytes + ret->metadata_bytes;
+        ret->pack_file_bytes = packs_disk_bytes(s);
+
+        r = catalog_dead_layers(s, &dead, &n_dead);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n_dead; i++) {
+                _cleanup_sqlite_ sqlite3 *db = NULL;
+                LayerCounters lc = {};
+
+                if (layer_open(s, dead[i], LAYER_READ, &db) < 0)
+                        continue;
+                if (layer_read_counters(db, &lc) >= 0)
+                        ret->reclaimable_bytes += lc.stored_bytes;
+                ret->reclaimable_bytes += layer_file_bytes(s, dead[i]);
+        }
+
+        v = 0;
+        {
+                CATALOG_LOCKED(s);
+                r = sqlite_query_int(s->catalog, "SELECT count(*) FROM subvolumes WHERE deleted = 1", &v);
+                if (r < 0)
+                        return r;
+                ret->deleted_subvolumes = (uint64_t) v;
+                v = 0;
+                r = sqlite_query_int(s->catalog, "SELECT value FROM counters WHERE key = 'corruption_events'", &v);
+                if (r < 0)
+                        return r;
+        }
+        ret->corruption_events = (uint64_t) v;
+
+        if (fstatvfs(s->dir_fd, &sv) >= 0) {
+                ret->fs_free_bytes = (uint64_t) sv.f_bavail * sv.f_frsize;
+                ret->fs_total_bytes = (uint64_t) sv.f_blocks * sv.f_frsize;
+        }
+        return 0;
+}

@@ -1,0 +1,493 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * File contents. Small files live inline in their inode row; larger ones
+ * are cut into STORE_BLOCK_SIZE blocks at aligned offsets. Writes change blocks
+ * in memory (dirty blocks) and a commit turns them into stored blocks, so
+ * that a run of small writes costs one block write, not one per call.
+ *
+ * Invariant: no stored or dirty block holds non-zero bytes past the end of
+ * its file, so that growing a file needs no zeroing.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <string.h>
+
+#include "volume-internal.h"
+
+static size_t dirty_bucket(uint64_t ino, uint64_t idx) {
+        return (size_t) ((ino * 0x9E3779B97F4A7C15ull) ^ idx) % DIRTY_BUCKETS;
+}
+
+static DirtyBlock *dirty_find(Volume *v, uint64_t ino, uint64_t idx) {
+        for (DirtyBlock *b = v->dirty[dirty_bucket(ino, idx)]; b; b = b->next)
+                if (b->ino == ino && b->idx == idx)
+                        return b;
+        return NULL;
+}
+
+static DirtyBlock *dirty_new(Volume *v, uint64_t ino, uint64_t idx) {
+        size_t h = dirty_bucket(ino, idx);
+        DirtyBlock *b;
+
+        b = calloc(1, sizeof *b + STORE_BLOCK_SIZE);
+        if (!b)
+                return NULL;
+        b->ino = ino;
+        b->idx = idx;
+        b->next = v->dirty[h];
+        v->dirty[h] = b;
+        v->n_dirty++;
+        return b;
+}
+
+/* Forgets the dirty blocks of ino from first_idx on (of every inode if ino
+ * is 0). */
+void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx) {
+        for (size_t h = 0; h < DIRTY_BUCKETS; h++) {
+                DirtyBlock **p = &v->dirty[h];
+
+                while (*p) {
+                        DirtyBlock *b = *p;
+
+                        if (ino == 0 || (b->ino == ino && b->idx >= first_idx)) {
+                                *p = b->next;
+                                free(b);
+                                v->n_dirty--;
+                        } else
+                                p = &b->next;
+                }
+        }
+}
+
+/* Reads block idx of the file as stored (not the dirty copy) into buf,
+ * zero-filled to STORE_BLOCK_SIZE. */
+static int block_load(Volume *v, const InodeRow *row, uint64_t idx, uint8_t *buf) {
+        Digest d;
+        uint32_t len;
+        bool hole;
+        int r;
+
+        memset(buf, 0, STORE_BLOCK_SIZE);
+        r = extent_get(v, row, idx, &d, &len, &hole);
+        if (r < 0 || hole)
+                return r;
+        r = block_read(v->store, &d, buf);
+        if (r < 0)
+                return r;
+        /* A cut made above the layer that stored the block. */
+        if ((uint32_t) r > len)
+                memset(buf + len, 0, (size_t) r - len);
+        return 0;
+}
+
+static void data_forget_dirty_one(Volume *v, uint64_t ino, uint64_t idx) {
+        for (DirtyBlock **p = &v->dirty[dirty_bucket(ino, idx)]; *p; p = &(*p)->next)
+                if ((*p)->ino == ino && (*p)->idx == idx) {
+                        DirtyBlock *b = *p;
+
+                        *p = b->next;
+                        free(b);
+                        v->n_dirty--;
+                        return;
+                }
+}
+
+static int dirty_get(Volume *v, const InodeRow *row, uint64_t idx, bool load, DirtyBlock **ret) {
+        DirtyBlock *b;
+        int r;
+
+        b = dirty_find(v, row->ino, idx);
+        if (!b) {
+                b = dirty_new(v, row->ino, idx);
+                if (!b)
+                        return -ENOMEM;
+                if (load && idx * STORE_BLOCK_SIZE < row->size) {
+                        r = block_load(v, row, idx, b->data);
+                        if (r < 0) {
+                                data_forget_dirty_one(v, row->ino, idx);
+                                return r;
+                        }
+                }
+        }
+        *ret = b;
+        return 0;
+}
+
+static bool is_zero(const uint8_t *p, size_t n) {
+        return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
+static int dirty_flush_one(Volume *v, DirtyBlock *b, uint64_t size) {
+        uint64_t start = b->idx * STORE_BLOCK_SIZE;
+        BlockLocation loc;
+        Digest d;
+        size_t len;
+        int r;
+
+        if (start >= size)
+                return 0;
+        len = (size_t) MIN((uint64_t) STORE_BLOCK_SIZE, size - start);
+        if (is_zero(b->data, len))
+                return extent_put(v, b->ino, b->idx, NULL, 0, 0);
+
+        block_digest(v->store, b->data, len, &d);
+        r = block_put(v->store, b->data, len, &d, &loc);
+        if (r < 0)
+                return r;
+        return extent_put(v, b->ino, b->idx, &d, (uint32_t) len, loc.stored_len);
+}
+
+/* Turns every dirty block into a stored block and its extent row. */
+int data_flush_all(Volume *v) {
+        int r;
+
+        if (v->n_dirty == 0)
+                return 0;
+        if (v->gc_fd < 0) {
+                r = gc_lock_shared(v->store, &v->gc_fd);
+                if (r < 0)
+                        return r;
+        }
+
+        for (size_t h = 0; h < DIRTY_BUCKETS; h++)
+                while (v->dirty[h]) {
+                        DirtyBlock *b = v->dirty[h];
+                        _cleanup_(inode_row_clear) InodeRow row = {};
+
+                        r = inode_get(v, b->ino, &row);
+                        if (r == -ENOENT)
+                                r = 0, row.size = 0; /* dropped meanwhile */
+                        else if (r >= 0)
+                                r = dirty_flush_one(v, b, row.size);
+                        if (r < 0)
+                                return r;
+                        v->dirty[h] = b->next;
+                        free(b);
+                        v->n_dirty--;
+                }
+        return 0;
+}
+
+ssize_t volume_read(Volume *v, uint64_t ino, void *buf, size_t size, uint64_t offset) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        _cleanup_free_ uint8_t *block = NULL;
+        uint8_t *out = buf;
+        size_t done = 0;
+        int r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get(v, ino, &row);
+        if (r < 0)
+                return r;
+        if (S_ISDIR(row.mode))
+                return -EISDIR;
+        if (!S_ISREG(row.mode))
+                return -EINVAL;
+        if (offset >= row.size)
+                return 0;
+        size = (size_t) MIN((uint64_t) size, row.size - offset);
+
+        if (row.has_data) {
+                size_t avail = offset < row.data_len ? row.data_len - (size_t) offset : 0;
+
+                memcpy(out, row.data + offset, MIN(size, avail));
+                if (size > avail)
+                        memset(out + avail, 0, size - avail);
+                return (ssize_t) size;
+        }
+
+        block = malloc(STORE_BLOCK_SIZE);
+        if (!block)
+                return -ENOMEM;
+        while (done < size) {
+                uint64_t pos = offset + done;
+                uint64_t idx = pos / STORE_BLOCK_SIZE;
+                size_t in_block = (size_t) (pos % STORE_BLOCK_SIZE);
+                size_t n = MIN(size - done, (size_t) STORE_BLOCK_SIZE - in_block);
+                DirtyBlock *b = dirty_find(v, ino, idx);
+
+                if (b)
+                        memcpy(out + done, b->data + in_block, n);
+                else {
+                        r = block_load(v, &row, idx, block);
+                        if (r < 0)
+                                return r;
+                        memcpy(out + done, block + in_block, n);
+                }
+                done += n;
+        }
+        return (ssize_t) done;
+}
+
+/* Moves an inline file's content into block 0, for a file about to grow
+ * past INLINE_MAX. Nothing of the lower layers shows through afterwards. */
+static int inline_to_blocks(Volume *v, InodeRow *row) {
+        DirtyBlock *b;
+        int r;
+
+        if (row->data_len > 0) {
+                r = dirty_get(v, row, 0, false, &b);
+                if (r < 0)
+                        return r;
+                memset(b->data, 0, STORE_BLOCK_SIZE);
+                memcpy(b->data, row->data, row->data_len);
+        }
+        inode_row_clear(row);
+        row->lower_limit = 0;
+        return 0;
+}
+
+static int inline_resize(InodeRow *row, size_t size) {
+        uint8_t *p;
+
+        if (size == row->data_len)
+                return 0;
+        p = realloc(row->data, MAX(size, 1u));
+        if (!p)
+                return -ENOMEM;
+        if (size > row->data_len)
+                memset(p + row->data_len, 0, size - row->data_len);
+        row->data = p;
+        row->data_len = size;
+        return 0;
+}
+
+static void logical_size_changed(Volume *v, uint64_t old_size, uint64_t new_size) {
+        v->counters.logical_bytes += new_size;
+        v->counters.logical_bytes -= MIN(v->counters.logical_bytes, old_size);
+}
+
+static int blocks_write(Volume *v, const InodeRow *row, const uint8_t *in, size_t size, uint64_t offset) {
+        size_t done = 0;
+        int r;
+
+        while (done < size) {
+                uint64_t pos = offset + done;
+                uint64_t idx = pos / STORE_BLOCK_SIZE;
+                size_t in_block = (size_t) (pos % STORE_BLOCK_SIZE);
+                size_t n = MIN(size - done, (size_t) STORE_BLOCK_SIZE - in_block);
+                DirtyBlock *b;
+
+                r = dirty_get(v, row, idx, n < STORE_BLOCK_SIZE, &b);
+                if (r < 0)
+                        return r;
+                memcpy(b->data + in_block, in + done, n);
+                done += n;
+        }
+        return 0;
+}
+
+ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint64_t offset) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        uint64_t end = offset + size;
+        uint64_t old_size;
+        int r;
+
+        if (end < offset || end > (uint64_t) INT64_MAX)
+                return -EFBIG;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get_for_write(v, ino, &row);
+        if (r < 0)
+                return r;
+        if (S_ISDIR(row.mode))
+                return -EISDIR;
+        if (!S_ISREG(row.mode))
+                return -EINVAL;
+        if (size == 0)
+                return 0;
+        old_size = row.size;
+
+        if (row.has_data && end <= INLINE_MAX) {
+                r = inline_resize(&row, (size_t) MAX(end, (uint64_t) row.data_len));
+                if (r < 0)
+                        return r;
+                memcpy(row.data + offset, buf, size);
+        } else {
+                if (row.has_data) {
+                        r = inline_to_blocks(v, &row);
+                        if (r < 0)
+                                return r;
+                }
+                r = blocks_write(v, &row, buf, size, offset);
+                if (r < 0)
+                        return r;
+        }
+
+        row.size = MAX(row.size, end);
+        row.mtime_ns = row.ctime_ns = timestamp_now();
+        r = inode_put(v, &row);
+        if (r < 0)
+                return r;
+        logical_size_changed(v, old_size, row.size);
+
+        if (v->n_dirty > DIRTY_MAX) {
+                r = data_flush_all(v);
+                if (r < 0)
+                        return r;
+        }
+        return (ssize_t) size;
+}
+
+/* Zeroes [offset, offset + length) of a block file within its size: whole
+ * blocks become holes, partial ones are rewritten. */
+static int blocks_zero_range(Volume *v, const InodeRow *row, uint64_t offset, uint64_t length) {
+        uint64_t end = MIN(offset + length, row->size);
+        int r;
+
+        for (uint64_t pos = offset; pos < end;) {
+                uint64_t idx = pos / STORE_BLOCK_SIZE;
+                size_t in_block = (size_t) (pos % STORE_BLOCK_SIZE);
+                size_t n = (size_t) MIN(end - pos, (uint64_t) STORE_BLOCK_SIZE - in_block);
+
+                if (n == STORE_BLOCK_SIZE) {
+                        data_forget_dirty_one(v, row->ino, idx);
+                        r = extent_put(v, row->ino, idx, NULL, 0, 0);
+                } else {
+                        DirtyBlock *b;
+
+                        r = dirty_get(v, row, idx, true, &b);
+                        if (r >= 0)
+                                memset(b->data + in_block, 0, n);
+                }
+                if (r < 0)
+                        return r;
+                pos += n;
+        }
+        return 0;
+}
+
+int data_truncate(Volume *v, InodeRow *row, uint64_t size) {
+        uint64_t old_size = row->size;
+        int r;
+
+        if (size > (uint64_t) INT64_MAX)
+                return -EFBIG;
+        if (row->has_data) {
+                if (size <= INLINE_MAX) {
+                        r = inline_resize(row, (size_t) size);
+                        if (r < 0)
+                                return r;
+                } else {
+                        r = inline_to_blocks(v, row);
+                        if (r < 0)
+                                return r;
+                }
+        } else if (size < old_size) {
+                uint64_t keep = DIV_ROUND_UP(size, STORE_BLOCK_SIZE);
+
+                data_forget_dirty(v, row->ino, keep);
+                r = extents_delete_from(v, row->ino, keep);
+                if (r < 0)
+                        return r;
+                if (size % STORE_BLOCK_SIZE != 0) {
+                        DirtyBlock *b;
+
+                        r = dirty_get(v, row, size / STORE_BLOCK_SIZE, true, &b);
+                        if (r < 0)
+                                return r;
+                        memset(b->data + size % STORE_BLOCK_SIZE, 0, STORE_BLOCK_SIZE - size % STORE_BLOCK_SIZE);
+                }
+                row->lower_limit = MIN(row->lower_limit, size);
+        }
+        row->size = size;
+        logical_size_changed(v, old_size, size);
+        return 0;
+}
+
+int volume_fallocate(Volume *v, uint64_t ino, int mode, uint64_t offset, uint64_t length) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
+        uint64_t end = offset + length;
+        int r;
+
+        if (length == 0 || end < offset || end > (uint64_t) INT64_MAX)
+                return -EINVAL;
+        if (mode & ~(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE))
+                return -EOPNOTSUPP;
+        if ((mode & FALLOC_FL_PUNCH_HOLE) && (!keep_size || (mode & FALLOC_FL_ZERO_RANGE)))
+                return -EOPNOTSUPP;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get_for_write(v, ino, &row);
+        if (r < 0)
+                return r;
+        if (S_ISDIR(row.mode))
+                return -EISDIR;
+        if (!S_ISREG(row.mode))
+                return -ENODEV;
+
+        if (mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE)) {
+                if (row.has_data) {
+                        if (offset < row.data_len)
+                                memset(row.data + offset, 0, (size_t) MIN(length, row.data_len - offset));
+                } else {
+                        r = blocks_zero_range(v, &row, offset, length);
+                        if (r < 0)
+                                return r;
+                }
+        }
+        /* Space is not reserved ahead in a copy-on-write store: allocation
+         * only sets the size. */
+        if (!keep_size && end > row.size) {
+                r = data_truncate(v, &row, end);
+                if (r < 0)
+                        return r;
+        }
+        row.mtime_ns = row.ctime_ns = timestamp_now();
+        return inode_put(v, &row);
+}
+
+uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
+        uint64_t n_blocks, total = 0, limit = LOWER_LIMIT_NONE;
+        _cleanup_free_ uint8_t *seen = NULL;
+
+        if (row->has_data)
+                return row->data_len;
+        n_blocks = DIV_ROUND_UP(row->size, STORE_BLOCK_SIZE);
+        if (n_blocks == 0)
+                return 0;
+        seen = calloc(DIV_ROUND_UP(n_blocks, 8), 1);
+        if (!seen)
+                return row->size;
+
+#define SEEN(i) (seen[(i) / 8] & (1u << ((i) % 8)))
+#define MARK(i) (seen[(i) / 8] |= (uint8_t) (1u << ((i) % 8)))
+        for (size_t h = 0; h < DIRTY_BUCKETS; h++)
+                for (DirtyBlock *b = v->dirty[h]; b; b = b->next)
+                        if (b->ino == row->ino && b->idx < n_blocks && !SEEN(b->idx)) {
+                                MARK(b->idx);
+                                total += STORE_BLOCK_SIZE;
+                        }
+
+        for (size_t i = 0; i < v->n_layers && limit > 0; i++) {
+                sqlite3_stmt *st = v->layers[i].list_extents;
+                sqlite3_stmt *gi = v->layers[i].get_inode;
+
+                if (!st)
+                        continue;
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) row->ino);
+                while (sqlite3_step(st) == SQLITE_ROW) {
+                        uint64_t idx = (uint64_t) sqlite3_column_int64(st, 0);
+
+                        if (idx >= n_blocks || SEEN(idx) || idx * STORE_BLOCK_SIZE >= limit)
+                                continue;
+                        MARK(idx);
+                        if (sqlite3_column_type(st, 1) != SQLITE_NULL)
+                                total += (uint64_t) sqlite3_column_int64(st, 2);
+                }
+                sqlite3_reset(st);
+
+                sqlite3_bind_int64(gi, 1, (sqlite3_int64) row->ino);
+                if (sqlite3_step(gi) == SQLITE_ROW)
+                        limit = MIN(limit, sqlite3_column_type(gi, 11) != SQLITE_NULL
+                                                   ? 0 : (uint64_t) sqlite3_column_int64(gi, 10));
+                sqlite3_reset(gi);
+        }
+#undef SEEN
+#undef MARK
+        return MIN(total, DIV_ROUND_UP(row->size, 4096) * 4096);
+}

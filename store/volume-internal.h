@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* Internals shared by volume.c (layers, transactions, rows), volume-data.c
+ * (file contents) and volume-ops.c (the name space). */
+
+#include <pthread.h>
+#include <sqlite3.h>
+
+#include "store-internal.h"
+#include "volume.h"
+
+/* A layer of the volume's stack, with its prepared queries. */
+typedef struct VolumeLayer {
+        uint64_t id;
+        sqlite3 *db;            /* NULL: the layer has no database, it is empty */
+        sqlite3_stmt *get_inode;
+        sqlite3_stmt *get_dentry;
+        sqlite3_stmt *list_dentries;
+        sqlite3_stmt *get_extent;
+        sqlite3_stmt *list_extents;
+        sqlite3_stmt *get_xattr;
+        sqlite3_stmt *list_xattrs;
+} VolumeLayer;
+
+/* Statements that change the top layer. */
+typedef struct TopStatements {
+        sqlite3_stmt *put_inode;
+        sqlite3_stmt *delete_inode;
+        sqlite3_stmt *put_dentry;
+        sqlite3_stmt *delete_dentry;
+        sqlite3_stmt *delete_dentries_of;
+        sqlite3_stmt *put_extent;
+        sqlite3_stmt *delete_extent;
+        sqlite3_stmt *list_extents_from;
+        sqlite3_stmt *delete_extents_from;
+        sqlite3_stmt *put_xattr;
+        sqlite3_stmt *delete_xattr;
+        sqlite3_stmt *delete_xattrs_of;
+        sqlite3_stmt *copy_xattrs;
+        sqlite3_stmt *get_blockref;
+        sqlite3_stmt *put_blockref;
+        sqlite3_stmt *delete_blockref;
+        sqlite3_stmt *list_orphans;
+} TopStatements;
+
+/* A block of a file being changed in memory; flushed at commit. */
+typedef struct DirtyBlock {
+        uint64_t ino;
+        uint64_t idx;
+        struct DirtyBlock *next;
+        uint8_t data[];
+} DirtyBlock;
+
+#define DIRTY_BUCKETS 4096
+/* Past this many dirty blocks (64 MiB), writes flush them before commit. */
+#define DIRTY_MAX 1024
+
+struct Volume {
+        Store *store;
+        char *name;
+        uint64_t subvolume_id;
+        bool writable;
+
+        pthread_mutex_t lock;
+
+        VolumeLayer *layers;    /* [0] is the top */
+        size_t n_layers;
+        TopStatements top;
+        bool top_prepared;
+
+        LayerCounters counters;
+        bool in_transaction;
+        bool changed;
+
+        DirtyBlock *dirty[DIRTY_BUCKETS];
+        size_t n_dirty;
+
+        int lock_fd;
+        int gc_fd;
+
+        pthread_t committer;
+        bool committer_running;
+        bool stopping;
+        pthread_cond_t wake;
+
+        ControlServer *control;
+};
+
+/* An inode as the topmost layer that has it says. */
+typedef struct InodeRow {
+        uint64_t ino;
+        mode_t mode;
+        uint32_t nlink;
+        uid_t uid;
+        gid_t gid;
+        uint64_t rdev;
+        uint64_t size;
+        int64_t atime_ns;
+        int64_t mtime_ns;
+        int64_t ctime_ns;
+        uint64_t parent;        /* directories only */
+        uint64_t lower_limit;
+        uint8_t *data;          /* inline content or symlink target */
+        size_t data_len;
+        bool has_data;
+        size_t layer;           /* index in v->layers where it was found */
+} InodeRow;
+
+#define LOWER_LIMIT_NONE ((uint64_t) INT64_MAX)
+
+void inode_row_clear(InodeRow *row);
+
+/* ---- volume.c ---- */
+int volume_ensure_top(Volume *v);
+int inode_get(Volume *v, uint64_t ino, InodeRow *ret);
+int inode_put(Volume *v, const InodeRow *row);
+/* Returns the row after copying it up into the top layer if needed. */
+int inode_get_for_write(Volume *v, uint64_t ino, InodeRow *ret);
+int inode_drop(Volume *v, const InodeRow *row);
+void inode_to_stat(Volume *v, const InodeRow *row, struct stat *ret);
+
+int dentry_get(Volume *v, uint64_t parent, const char *name, uint64_t *ret_ino, mode_t *ret_type);
+int dentry_put(Volume *v, uint64_t parent, const char *name, uint64_t ino, mode_t type);
+int dentry_remove(Volume *v, uint64_t parent, const char *name);
+int dentries_list(Volume *v, uint64_t parent, VolumeDirent **ret, size_t *ret_n, bool stop_at_first);
+
+int extent_get(Volume *v, const InodeRow *row, uint64_t idx, Digest *ret_digest, uint32_t *ret_len, bool *ret_hole);
+int extent_put(Volume *v, uint64_t ino, uint64_t idx, const Digest *digest, uint32_t len, uint32_t stored_len);
+int extents_delete_from(Volume *v, uint64_t ino, uint64_t first_idx);
+
+int volume_commit_locked(Volume *v);
+void volume_mark_changed(Volume *v);
+int64_t timestamp_now(void);
+
+/* ---- volume-data.c ---- */
+int data_truncate(Volume *v, InodeRow *row, uint64_t size);
+int data_flush_all(Volume *v);
+void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx);
+uint64_t data_allocated_bytes(Volume *v, const InodeRow *row);

@@ -1,0 +1,721 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/* The name space of a volume: lookup, attributes, creation, links,
+ * rename, directories and xattrs. */
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/xattr.h>
+
+#include "sqlite-util.h"
+#include "volume-internal.h"
+
+static int check_name(const char *name) {
+        size_t n;
+
+        if (!name)
+                return -EINVAL;
+        n = strlen(name);
+        if (n == 0 || strchr(name, '/') || streq_dot(name))
+                return -EINVAL;
+        if (n > STORE_NAME_MAX)
+                return -ENAMETOOLONG;
+        return 0;
+}
+
+static int dir_get(Volume *v, uint64_t ino, bool for_write, InodeRow *ret) {
+        int r;
+
+        r = for_write ? inode_get_for_write(v, ino, ret) : inode_get(v, ino, ret);
+        if (r < 0)
+                return r;
+        if (!S_ISDIR(ret->mode)) {
+                inode_row_clear(ret);
+                return -ENOTDIR;
+        }
+        return 0;
+}
+
+static void touch_parent(InodeRow *dir) {
+        dir->mtime_ns = dir->ctime_ns = timestamp_now();
+}
+
+int volume_lookup(Volume *v, uint64_t parent, const char *name, struct stat *ret) {
+        _cleanup_(inode_row_clear) InodeRow dir = {}, row = {};
+        uint64_t ino;
+        int r;
+
+        r = check_name(name);
+        if (r < 0)
+                return r == -ENAMETOOLONG ? r : -ENOENT;
+
+        MUTEX_LOCKED(&v->lock);
+        r = dir_get(v, parent, false, &dir);
+        if (r < 0)
+                return r;
+        r = dentry_get(v, parent, name, &ino, NULL);
+        if (r < 0)
+                return r;
+        r = inode_get(v, ino, &row);
+        if (r == -ENOENT)
+                return -EIO; /* an entry without its inode: damaged metadata */
+        if (r < 0)
+                return r;
+        inode_to_stat(v, &row, ret);
+        return 0;
+}
+
+int volume_getattr(Volume *v, uint64_t ino, struct stat *ret) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        int r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get(v, ino, &row);
+        if (r < 0)
+                return r;
+        inode_to_stat(v, &row, ret);
+        return 0;
+}
+
+int volume_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsigned valid, struct stat *ret) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        int64_t now = timestamp_now();
+        int r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get_for_write(v, ino, &row);
+        if (r < 0)
+                return r;
+
+        if (valid & VOLUME_SET_SIZE) {
+                if (S_ISDIR(row.mode))
+                        return -EISDIR;
+                if (!S_ISREG(row.mode))
+                        return -EINVAL;
+                if (attr->st_size < 0)
+                        return -EINVAL;
+                if ((uint64_t) attr->st_size != row.size) {
+                        r = data_truncate(v, &row, (uint64_t) attr->st_size);
+                        if (r < 0)
+                                return r;
+                        row.mtime_ns = now;
+                }
+        }
+        if (valid & VOLUME_SET_MODE)
+                row.mode = (row.mode & S_IFMT) | (attr->st_mode & 07777);
+        if (valid & VOLUME_SET_UID)
+                row.uid = attr->st_uid;
+        if (valid & VOLUME_SET_GID)
+                row.gid = attr->st_gid;
+        if (valid & VOLUME_SET_ATIME_NOW)
+                row.atime_ns = now;
+        else if (valid & VOLUME_SET_ATIME)
+                row.atime_ns = (int64_t) attr->st_atim.tv_sec * 1000000000 + attr->st_atim.tv_nsec;
+        if (valid & VOLUME_SET_MTIME_NOW)
+                row.mtime_ns = now;
+        else if (valid & VOLUME_SET_MTIME)
+                row.mtime_ns = (int64_t) attr->st_mtim.tv_sec * 1000000000 + attr->st_mtim.tv_nsec;
+        if (valid & VOLUME_SET_CTIME)
+                row.ctime_ns = (int64_t) attr->st_ctim.tv_sec * 1000000000 + attr->st_ctim.tv_nsec;
+        else
+                row.ctime_ns = now;
+
+        r = inode_put(v, &row);
+        if (r < 0)
+                return r;
+        if (ret)
+                inode_to_stat(v, &row, ret);
+        return 0;
+}
+
+/* Creates an inode and its first name in parent. data is the symlink's
+ * target (regular files start inline and empty). */
+static int inode_create(Volume *v, uint64_t parent, const char *name, mode_t mode, dev_t rdev,
+                        uid_t uid, gid_t gid, const char *data, struct stat *ret) {
+        _cleanup_(inode_row_clear) InodeRow dir = {}, row = {};
+        int64_t now = timestamp_now();
+        int r;
+
+        r = check_name(name);
+        if (r < 0)
+                return r;
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        r = dir_get(v, parent, true, &dir);
+        if (r < 0)
+                return r;
+        if (dir.nlink == 0)
+                return -ENOENT; /* removed while we were in it */
+        r = dentry_get(v, parent, name, NULL, NULL);
+        if (r >= 0)
+                return -EEXIST;
+        if (r != -ENOENT)
+                return r;
+
+        /* BSD group semantics in setgid directories, as the kernel does for
+         * local file systems. */
+        if (dir.mode & S_ISGID) {
+                gid = dir.gid;
+                if (S_ISDIR(mode))
+                        mode |= S_ISGID;
+        }
+
+        row = (InodeRow) {
+                .ino = v->counters.next_ino++,
+                .mode = mode,
+                .nlink = S_ISDIR(mode) ? 2 : 1,
+                .uid = uid,
+                .gid = gid,
+                .rdev = (uint64_t) rdev,
+                .atime_ns = now,
+                .mtime_ns = now,
+                .ctime_ns = now,
+                .parent = S_ISDIR(mode) ? parent : 0,
+                .lower_limit = 0,
+        };
+        if (S_ISREG(mode) || S_ISLNK(mode)) {
+                row.has_data = true;
+                if (data) {
+                        row.data = (uint8_t *) strdup(data);
+                        if (!row.data)
+                                return -ENOMEM;
+                        row.data_len = row.size = strlen(data);
+                }
+        }
+
+        r = inode_put(v, &row);
+        if (r < 0)
+                return r;
+        r = dentry_put(v, parent, name, row.ino, mode);
+        if (r < 0)
+                return r;
+        v->counters.inodes++;
+
+        if (S_ISDIR(mode))
+                dir.nlink++;
+        touch_parent(&dir);
+        r = inode_put(v, &dir);
+        if (r < 0)
+                return r;
+        if (ret)
+                inode_to_stat(v, &row, ret);
+        return 0;
+}
+
+int volume_mknod(Volume *v, uint64_t parent, const char *name, mode_t mode, dev_t rdev,
+                 uid_t uid, gid_t gid, struct stat *ret) {
+        switch (mode & S_IFMT) {
+        case S_IFREG:
+        case S_IFIFO:
+        case S_IFSOCK:
+                rdev = 0;
+                break;
+        case S_IFCHR:
+        case S_IFBLK:
+                break;
+        default:
+                return -EINVAL;
+        }
+        MUTEX_LOCKED(&v->lock);
+        return inode_create(v, parent, name, mode, rdev, uid, gid, NULL, ret);
+}
+
+int volume_mkdir(Volume *v, uint64_t parent, const char *name, mode_t mode,
+                 uid_t uid, gid_t gid, struct stat *ret) {
+        MUTEX_LOCKED(&v->lock);
+        return inode_create(v, parent, name, S_IFDIR | (mode & 07777), 0, uid, gid, NULL, ret);
+}
+
+int volume_symlink(Volume *v, uint64_t parent, const char *name, const char *target,
+                   uid_t uid, gid_t gid, struct stat *ret) {
+        if (!target || !*target)
+                return -ENOENT;
+        if (strlen(target) >= PATH_MAX)
+                return -ENAMETOOLONG;
+        MUTEX_LOCKED(&v->lock);
+        return inode_create(v, parent, name, S_IFLNK | 0777, 0, uid, gid, target, ret);
+}
+
+int volume_readlink(Volume *v, uint64_t ino, char *buf, size_t size) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        int r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get(v, ino, &row);
+        if (r < 0)
+                return r;
+        if (!S_ISLNK(row.mode))
+                return -EINVAL;
+        memcpy(buf, row.data, MIN(size, row.data_len));
+        return (int) row.data_len;
+}
+
+int volume_link(Volume *v, uint64_t ino, uint64_t newparent, const char *newname, struct stat *ret) {
+        _cleanup_(inode_row_clear) InodeRow dir = {}, row = {};
+        int r;
+
+        r = check_name(newname);
+        if (r < 0)
+                return r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        r = dir_get(v, newparent, true, &dir);
+        if (r < 0)
+                return r;
+        r = inode_get_for_write(v, ino, &row);
+        if (r < 0)
+                return r;
+        if (S_ISDIR(row.mode))
+                return -EPERM;
+        if (row.nlink >= 65000)
+                return -EMLINK;
+        r = dentry_get(v, newparent, newname, NULL, NULL);
+        if (r >= 0)
+                return -EEXIST;
+        if (r != -ENOENT)
+                return r;
+
+        r = dentry_put(v, newparent, newname, ino, row.mode);
+        if (r < 0)
+                return r;
+        row.nlink++;
+        row.ctime_ns = timestamp_now();
+        r = inode_put(v, &row);
+        if (r < 0)
+                return r;
+        touch_parent(&dir);
+        r = inode_put(v, &dir);
+        if (r < 0)
+                return r;
+        if (ret)
+                inode_to_stat(v, &row, ret);
+        return 0;
+}
+
+static int remove_name(Volume *v, uint64_t parent, const char *name, bool want_dir) {
+        _cleanup_(inode_row_clear) InodeRow dir = {}, row = {};
+        uint64_t ino;
+        int r;
+
+        r = check_name(name);
+        if (r < 0)
+                return r == -ENAMETOOLONG ? r : -EINVAL;
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        r = dir_get(v, parent, true, &dir);
+        if (r < 0)
+                return r;
+        r = dentry_get(v, parent, name, &ino, NULL);
+        if (r < 0)
+                return r;
+        r = inode_get_for_write(v, ino, &row);
+        if (r < 0)
+                return r;
+
+        if (want_dir) {
+                size_t n = 0;
+
+                if (!S_ISDIR(row.mode))
+                        return -ENOTDIR;
+                r = dentries_list(v, ino, NULL, &n, true);
+                if (r < 0)
+                        return r;
+                if (n > 0)
+                        return -ENOTEMPTY;
+                row.nlink = 0;
+                dir.nlink--;
+        } else {
+                if (S_ISDIR(row.mode))
+                        return -EISDIR;
+                row.nlink--;
+        }
+
+        r = dentry_remove(v, parent, name);
+        if (r < 0)
+                return r;
+        /* An inode without names stays until the kernel forgets it. */
+        row.ctime_ns = timestamp_now();
+        r = inode_put(v, &row);
+        if (r < 0)
+                return r;
+        touch_parent(&dir);
+        return inode_put(v, &dir);
+}
+
+int volume_unlink(Volume *v, uint64_t parent, const char *name) {
+        MUTEX_LOCKED(&v->lock);
+        return remove_name(v, parent, name, false);
+}
+
+int volume_rmdir(Volume *v, uint64_t parent, const char *name) {
+        MUTEX_LOCKED(&v->lock);
+        return remove_name(v, parent, name, true);
+}
+
+void volume_forget(Volume *v, uint64_t ino) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+
+        MUTEX_LOCKED(&v->lock);
+        if (!v->writable || inode_get(v, ino, &row) < 0)
+                return;
+        if (row.layer == 0 && row.nlink == 0)
+                (void) inode_drop(v, &row);
+}
+
+/* A directory moves from one parent to another: link counts follow. */
+static void move_dir(InodeRow *row, InodeRow *from, InodeRow *to) {
+        if (!S_ISDIR(row->mode) || from == to)
+                return;
+        from->nlink--;
+        to->nlink++;
+        row->parent = to->ino;
+}
+
+static int rename_exchange(Volume *v, InodeRow *sp, InodeRow *dp, const char *name, const char *newname,
+                           InodeRow *src, InodeRow *dst) {
+        int64_t now = timestamp_now();
+        int r;
+
+        r = dentry_put(v, sp->ino, name, dst->ino, dst->mode);
+        if (r >= 0)
+                r = dentry_put(v, dp->ino, newname, src->ino, src->mode);
+        if (r < 0)
+                return r;
+        move_dir(src, sp, dp);
+        move_dir(dst, dp, sp);
+        src->ctime_ns = dst->ctime_ns = now;
+        r = inode_put(v, src);
+        if (r >= 0)
+                r = inode_put(v, dst);
+        return r;
+}
+
+/* The target of a replacing rename loses its name. */
+static int rename_check_replace(Volume *v, const InodeRow *src, InodeRow *dst, InodeRow *dp) {
+        if (S_ISDIR(src->mode)) {
+                size_t n = 0;
+                int r;
+
+                if (!S_ISDIR(dst->mode))
+                        return -ENOTDIR;
+                r = dentries_list(v, dst->ino, NULL, &n, true);
+                if (r < 0)
+                        return r;
+                if (n > 0)
+                        return -ENOTEMPTY;
+                dst->nlink = 0;
+                dp->nlink--;
+        } else {
+                if (S_ISDIR(dst->mode))
+                        return -EISDIR;
+                dst->nlink--;
+        }
+        dst->ctime_ns = timestamp_now();
+        return 0;
+}
+
+int volume_rename(Volume *v, uint64_t parent, const char *name,
+                  uint64_t newparent, const char *newname, unsigned flags) {
+        _cleanup_(inode_row_clear) InodeRow p1 = {}, p2 = {}, src = {}, dst = {};
+        InodeRow *sp = &p1, *dp = &p1;
+        uint64_t src_ino, dst_ino = 0;
+        int r;
+
+        if (flags & ~(unsigned) (RENAME_NOREPLACE | RENAME_EXCHANGE))
+                return -EINVAL;
+        if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
+                return -EINVAL;
+        r = check_name(name);
+        if (r >= 0)
+                r = check_name(newname);
+        if (r < 0)
+                return r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        r = dir_get(v, parent, true, &p1);
+        if (r < 0)
+                return r;
+        if (newparent != parent) {
+                r = dir_get(v, newparent, true, &p2);
+                if (r < 0)
+                        return r;
+                dp = &p2;
+        }
+
+        r = dentry_get(v, parent, name, &src_ino, NULL);
+        if (r < 0)
+                return r;
+        r = dentry_get(v, newparent, newname, &dst_ino, NULL);
+        if (r < 0 && r != -ENOENT)
+                return r;
+        if (r == -ENOENT && (flags & RENAME_EXCHANGE))
+                return -ENOENT;
+        if (r >= 0 && (flags & RENAME_NOREPLACE))
+                return -EEXIST;
+        if (dst_ino == src_ino)
+                return 0; /* two names of one inode: POSIX says do nothing */
+
+        r = inode_get_for_write(v, src_ino, &src);
+        if (r < 0)
+                return r;
+        if (dst_ino != 0) {
+                r = inode_get_for_write(v, dst_ino, &dst);
+                if (r < 0)
+                        return r;
+        }
+
+        if (flags & RENAME_EXCHANGE)
+                r = rename_exchange(v, sp, dp, name, newname, &src, &dst);
+        else {
+                if (dst_ino != 0) {
+                        r = rename_check_replace(v, &src, &dst, dp);
+                        if (r >= 0)
+                                r = inode_put(v, &dst);
+                        if (r < 0)
+                                return r;
+                }
+                r = dentry_remove(v, parent, name);
+                if (r >= 0)
+                        r = dentry_put(v, newparent, newname, src_ino, src.mode);
+                if (r < 0)
+                        return r;
+                move_dir(&src, sp, dp);
+                src.ctime_ns = timestamp_now();
+                r = inode_put(v, &src);
+        }
+        if (r < 0)
+                return r;
+
+        touch_parent(sp);
+        r = inode_put(v, sp);
+        if (r >= 0 && dp != sp) {
+                touch_parent(dp);
+                r = inode_put(v, dp);
+        }
+        return r;
+}
+
+int volume_opendir(Volume *v, uint64_t ino, VolumeDir **ret) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        VolumeDir *d;
+        int r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = dir_get(v, ino, false, &row);
+        if (r < 0)
+                return r;
+        d = calloc(1, sizeof *d);
+        if (!d)
+                return -ENOMEM;
+        d->ino = ino;
+        d->parent = ino == VOLUME_ROOT_INO ? ino : row.parent;
+        r = dentries_list(v, ino, &d->entries, &d->n, false);
+        if (r < 0) {
+                free(d);
+                return r;
+        }
+        *ret = d;
+        return 0;
+}
+
+VolumeDir *volume_dir_free(VolumeDir *d) {
+        if (!d)
+                return NULL;
+        for (size_t i = 0; i < d->n; i++)
+                free(d->entries[i].name);
+        free(d->entries);
+        free(d);
+        return NULL;
+}
+
+/* ---- xattrs: an inode's set lives in the topmost layer with its row ---- */
+
+static int xattr_check_name(const char *name) {
+        size_t n = name ? strlen(name) : 0;
+
+        if (n == 0)
+                return -EINVAL;
+        if (n > XATTR_NAME_MAX)
+                return -ERANGE;
+        return 0;
+}
+
+static int xattr_find(Volume *v, const InodeRow *row, const char *name, sqlite3_stmt **ret) {
+        sqlite3_stmt *st = v->layers[row->layer].get_xattr;
+        int r;
+
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) row->ino);
+        sqlite3_bind_blob(st, 2, name, (int) strlen(name), SQLITE_STATIC);
+        r = sqlite_step_row(st);
+        if (r <= 0) {
+                sqlite3_reset(st);
+                return r < 0 ? r : -ENODATA;
+        }
+        *ret = st; /* caller resets */
+        return 0;
+}
+
+int volume_setxattr(Volume *v, uint64_t ino, const char *name, const void *value, size_t size, int flags) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        sqlite3_stmt *st;
+        bool exists;
+        int r;
+
+        r = xattr_check_name(name);
+        if (r < 0)
+                return r;
+        if (size > XATTR_SIZE_MAX)
+                return -E2BIG;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get_for_write(v, ino, &row);
+        if (r < 0)
+                return r;
+        r = xattr_find(v, &row, name, &st);
+        if (r < 0 && r != -ENODATA)
+                return r;
+        exists = r >= 0;
+        if (exists)
+                sqlite3_reset(st);
+        if ((flags & XATTR_CREATE) && exists)
+                return -EEXIST;
+        if ((flags & XATTR_REPLACE) && !exists)
+                return -ENODATA;
+
+        st = v->top.put_xattr;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
+        sqlite3_bind_blob(st, 2, name, (int) strlen(name), SQLITE_STATIC);
+        sqlite3_bind_blob(st, 3, size > 0 ? value : "", (int) size, SQLITE_STATIC);
+        r = sqlite_step_done(st);
+        if (r < 0)
+                return r;
+        row.ctime_ns = timestamp_now();
+        return inode_put(v, &row);
+}
+
+ssize_t volume_getxattr(Volume *v, uint64_t ino, const char *name, void *buf, size_t size) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        sqlite3_stmt *st;
+        size_t len;
+        int r;
+
+        r = xattr_check_name(name);
+        if (r < 0)
+                return r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get(v, ino, &row);
+        if (r < 0)
+                return r;
+        r = xattr_find(v, &row, name, &st);
+        if (r < 0)
+                return r;
+        len = (size_t) sqlite3_column_bytes(st, 0);
+        if (size > 0) {
+                if (len > size) {
+                        sqlite3_reset(st);
+                        return -ERANGE;
+                }
+                if (len > 0)
+                        memcpy(buf, sqlite3_column_blob(st, 0), len);
+        }
+        sqlite3_reset(st);
+        return (ssize_t) len;
+}
+
+ssize_t volume_listxattr(Volume *v, uint64_t ino, char *buf, size_t size) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        sqlite3_stmt *st;
+        size_t total = 0;
+        int r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get(v, ino, &row);
+        if (r < 0)
+                return r;
+        st = v->layers[row.layer].list_xattrs;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
+        while ((r = sqlite_step_row(st)) > 0) {
+                size_t n = (size_t) sqlite3_column_bytes(st, 0);
+
+                if (size > 0) {
+                        if (total + n + 1 > size) {
+                                sqlite3_reset(st);
+                                return -ERANGE;
+                        }
+                        memcpy(buf + total, sqlite3_column_blob(st, 0), n);
+                        buf[total + n] = 0;
+                }
+                total += n + 1;
+        }
+        sqlite3_reset(st);
+        if (r < 0)
+                return r;
+        return (ssize_t) total;
+}
+
+int volume_removexattr(Volume *v, uint64_t ino, const char *name) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        sqlite3_stmt *st;
+        int r;
+
+        r = xattr_check_name(name);
+        if (r < 0)
+                return r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get_for_write(v, ino, &row);
+        if (r < 0)
+                return r;
+        r = xattr_find(v, &row, name, &st);
+        if (r < 0)
+                return r;
+        sqlite3_reset(st);
+
+        st = v->top.delete_xattr;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
+        sqlite3_bind_blob(st, 2, name, (int) strlen(name), SQLITE_STATIC);
+        r = sqlite_step_done(st);
+        if (r < 0)
+                return r;
+        row.ctime_ns = timestamp_now();
+        return inode_put(v, &row);
+}
+
+int volume_statfs(Volume *v, struct statvfs *ret) {
+        struct statvfs host;
+        uint64_t inodes;
+
+        if (fstatvfs(v->store->dir_fd, &host) < 0)
+                return -errno;
+        {
+                MUTEX_LOCKED(&v->lock);
+                inodes = v->counters.inodes;
+        }
+
+        /* Space is the host file system's, where the packs live; the inode
+         * count is this subvolume's, with room to grow as far as space
+         * allows. */
+        *ret = (struct statvfs) {
+                .f_bsize = 4096,
+                .f_frsize = 4096,
+                .f_blocks = (fsblkcnt_t) ((uint64_t) host.f_blocks * host.f_frsize / 4096),
+                .f_bfree = (fsblkcnt_t) ((uint64_t) host.f_bfree * host.f_frsize / 4096),
+                .f_bavail = (fsblkcnt_t) ((uint64_t) host.f_bavail * host.f_frsize / 4096),
+                .f_files = (fsfilcnt_t) (inodes + (uint64_t) host.f_bavail * host.f_frsize / 4096),
+                .f_ffree = (fsfilcnt_t) ((uint64_t) host.f_bavail * host.f_frsize / 4096),
+                .f_favail = (fsfilcnt_t) ((uint64_t) host.f_bavail * host.f_frsize / 4096),
+                .f_namemax = STORE_NAME_MAX,
+        };
+        return 0;
+}

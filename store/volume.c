@@ -1,0 +1,1056 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * A subvolume opened for serving: its stack of layers, the group commit of
+ * the top layer, and the rows (inodes, entries, extents) seen through the
+ * stack. The topmost layer that has a row wins; whiteouts and holes hide
+ * what lies below.
+ */
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "sqlite-util.h"
+#include "volume-internal.h"
+
+#define COMMIT_INTERVAL_MS 1000
+
+int64_t timestamp_now(void) {
+        return (int64_t) now_nsec();
+}
+
+void inode_row_clear(InodeRow *row) {
+        free(row->data);
+        row->data = NULL;
+        row->data_len = 0;
+        row->has_data = false;
+}
+
+static void layer_finalize(VolumeLayer *l) {
+        sqlite3_stmt **stmts[] = {
+                &l->get_inode, &l->get_dentry, &l->list_dentries, &l->get_extent,
+                &l->list_extents, &l->get_xattr, &l->list_xattrs,
+        };
+
+        for (size_t i = 0; i < ELEMENTSOF(stmts); i++) {
+                sqlite3_finalize(*stmts[i]);
+                *stmts[i] = NULL;
+        }
+        if (l->db)
+                sqlite3_close_v2(l->db);
+        l->db = NULL;
+}
+
+static void top_finalize(Volume *v) {
+        sqlite3_stmt **stmts = (sqlite3_stmt **) &v->top;
+
+        for (size_t i = 0; i < sizeof v->top / sizeof(sqlite3_stmt *); i++) {
+                sqlite3_finalize(stmts[i]);
+                stmts[i] = NULL;
+        }
+        v->top_prepared = false;
+}
+
+static int layer_prepare(VolumeLayer *l) {
+        static const struct {
+                size_t offset;
+                const char *sql;
+        } queries[] = {
+                { offsetof(VolumeLayer, get_inode),
+                  "SELECT mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, parent, lower_limit, data "
+                  "FROM inodes WHERE ino = ?1" },
+                { offsetof(VolumeLayer, get_dentry), "SELECT ino, type FROM dentries WHERE parent = ?1 AND name = ?2" },
+                { offsetof(VolumeLayer, list_dentries), "SELECT name, ino, type FROM dentries WHERE parent = ?1" },
+                { offsetof(VolumeLayer, get_extent), "SELECT digest, len FROM extents WHERE ino = ?1 AND idx = ?2" },
+                { offsetof(VolumeLayer, list_extents),
+                  "SELECT idx, digest, len FROM extents WHERE ino = ?1 ORDER BY idx" },
+                { offsetof(VolumeLayer, get_xattr), "SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2" },
+                { offsetof(VolumeLayer, list_xattrs), "SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name" },
+        };
+        int r;
+
+        for (size_t i = 0; i < ELEMENTSOF(queries); i++) {
+                r = sqlite_prepare(l->db, queries[i].sql, (sqlite3_stmt **) ((uint8_t *) l + queries[i].offset));
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int top_prepare(Volume *v) {
+        static const struct {
+                size_t offset;
+                const char *sql;
+        } queries[] = {
+                { offsetof(TopStatements, put_inode),
+                  "INSERT OR REPLACE INTO inodes(ino, mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, "
+                  "parent, lower_limit, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)" },
+                { offsetof(TopStatements, delete_inode), "DELETE FROM inodes WHERE ino = ?1" },
+                { offsetof(TopStatements, put_dentry),
+                  "INSERT OR REPLACE INTO dentries(parent, name, ino, type) VALUES (?1, ?2, ?3, ?4)" },
+                { offsetof(TopStatements, delete_dentry), "DELETE FROM dentries WHERE parent = ?1 AND name = ?2" },
+                { offsetof(TopStatements, delete_dentries_of), "DELETE FROM dentries WHERE parent = ?1" },
+                { offsetof(TopStatements, put_extent),
+                  "INSERT OR REPLACE INTO extents(ino, idx, digest, len) VALUES (?1, ?2, ?3, ?4)" },
+                { offsetof(TopStatements, delete_extent), "DELETE FROM extents WHERE ino = ?1 AND idx = ?2" },
+                { offsetof(TopStatements, list_extents_from),
+                  "SELECT digest FROM extents WHERE ino = ?1 AND idx >= ?2 AND digest IS NOT NULL" },
+                { offsetof(TopStatements, delete_extents_from), "DELETE FROM extents WHERE ino = ?1 AND idx >= ?2" },
+                { offsetof(TopStatements, put_xattr),
+                  "INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)" },
+                { offsetof(TopStatements, delete_xattr), "DELETE FROM xattrs WHERE ino = ?1 AND name = ?2" },
+                { offsetof(TopStatements, delete_xattrs_of), "DELETE FROM xattrs WHERE ino = ?1" },
+                { offsetof(TopStatements, copy_xattrs), "INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)" },
+                { offsetof(TopStatements, get_blockref), "SELECT refs FROM blockrefs WHERE digest = ?1" },
+                { offsetof(TopStatements, put_blockref),
+                  "INSERT OR REPLACE INTO blockrefs(digest, refs, stored_len) VALUES (?1, ?2, ?3)" },
+                { offsetof(TopStatements, delete_blockref), "DELETE FROM blockrefs WHERE digest = ?1" },
+                { offsetof(TopStatements, list_orphans), "SELECT ino FROM inodes WHERE nlink = 0" },
+        };
+        int r;
+
+        for (size_t i = 0; i < ELEMENTSOF(queries); i++) {
+                r = sqlite_prepare(v->layers[0].db, queries[i].sql,
+                                   (sqlite3_stmt **) ((uint8_t *) &v->top + queries[i].offset));
+                if (r < 0)
+                        return r;
+        }
+        v->top_prepared = true;
+        return 0;
+}
+
+static void layers_unload(Volume *v) {
+        top_finalize(v);
+        for (size_t i = 0; i < v->n_layers; i++)
+                layer_finalize(&v->layers[i]);
+        free(v->layers);
+        v->layers = NULL;
+        v->n_layers = 0;
+}
+
+/* Opens every layer of the subvolume's stack as the catalog has it now. */
+static int layers_load(Volume *v) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+        _cleanup_free_ uint64_t *ids = NULL;
+        size_t n = 0;
+        int r;
+
+        r = catalog_find_subvolume_by_id(v->store, v->subvolume_id, &rec);
+        if (r < 0)
+                return r;
+        r = catalog_layer_stack(v->store, rec.top_layer, &ids, &n);
+        if (r < 0)
+                return r;
+        r = layer_stack_counters(v->store, ids, n, &v->counters);
+        if (r < 0)
+                return r;
+
+        v->layers = calloc(n, sizeof *v->layers);
+        if (!v->layers)
+                return -ENOMEM;
+        v->n_layers = n;
+
+        for (size_t i = 0; i < n; i++) {
+                VolumeLayer *l = &v->layers[i];
+                LayerOpenMode mode = LAYER_READ_FROZEN;
+
+                l->id = ids[i];
+                if (i == 0 && !rec.readonly)
+                        mode = v->writable ? LAYER_WRITE : LAYER_READ;
+                r = layer_open(v->store, l->id, mode, &l->db);
+                if (r == -ENOENT)
+                        continue;
+                if (r < 0)
+                        return r;
+                r = layer_prepare(l);
+                if (r < 0)
+                        return r;
+        }
+
+        /* A layer created lazily starts with the counters below it, but
+         * stores nothing yet. */
+        if (!v->layers[0].db)
+                v->counters.stored_bytes = 0;
+        if (v->writable && v->layers[0].db)
+                return top_prepare(v);
+        return 0;
+}
+
+/* Creates the top layer's database on the first change and opens the
+ * transaction that collects changes until the next commit. */
+int volume_ensure_top(Volume *v) {
+        VolumeLayer *top = &v->layers[0];
+        int r;
+
+        if (!v->writable)
+                return -EROFS;
+        if (!top->db) {
+                r = layer_create(v->store, top->id, &v->counters, false, &top->db);
+                if (r < 0)
+                        return r;
+                r = layer_prepare(top);
+                if (r < 0)
+                        return r;
+        }
+        if (!v->top_prepared) {
+                r = top_prepare(v);
+                if (r < 0)
+                        return r;
+        }
+        if (!v->in_transaction) {
+                r = sqlite_exec(top->db, "BEGIN");
+                if (r < 0)
+                        return r;
+                v->in_transaction = true;
+        }
+        return 0;
+}
+
+void volume_mark_changed(Volume *v) {
+        v->changed = true;
+}
+
+int volume_commit_locked(Volume *v) {
+        int r;
+
+        if (!v->writable || !v->changed)
+                return 0;
+
+        if (v->gc_fd < 0) {
+                r = gc_lock_shared(v->store, &v->gc_fd);
+                if (r < 0)
+                        return r;
+        }
+        r = data_flush_all(v);
+        if (r < 0)
+                return r;
+        r = block_commit(v->store);
+        if (r < 0)
+                return r;
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        r = layer_write_counters(v->layers[0].db, &v->counters);
+        if (r < 0)
+                return r;
+        r = sqlite_commit(v->layers[0].db);
+        if (r < 0)
+                return r;
+        v->in_transaction = false;
+        v->changed = false;
+        gc_unlock(&v->gc_fd);
+        return 0;
+}
+
+int volume_sync(Volume *v) {
+        MUTEX_LOCKED(&v->lock);
+        return volume_commit_locked(v);
+}
+
+static void *committer_main(void *userdata) {
+        Volume *v = userdata;
+
+        pthread_mutex_lock(&v->lock);
+        while (!v->stopping) {
+                struct timespec deadline;
+
+                clock_gettime(CLOCK_REALTIME, &deadline);
+                deadline.tv_sec += COMMIT_INTERVAL_MS / 1000;
+                (void) pthread_cond_timedwait(&v->wake, &v->lock, &deadline);
+                if (!v->stopping)
+                        (void) volume_commit_locked(v);
+        }
+        pthread_mutex_unlock(&v->lock);
+        return NULL;
+}
+
+/* Drops inodes left with no name and no user: unlinked while open when
+ * the previous server stopped or died. */
+static int purge_orphans(Volume *v) {
+        _cleanup_free_ uint64_t *inos = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        if (!v->layers[0].db)
+                return 0;
+        if (!v->top_prepared) {
+                r = top_prepare(v);
+                if (r < 0)
+                        return r;
+        }
+        while ((r = sqlite_step_row(v->top.list_orphans)) > 0) {
+                if (n == allocated) {
+                        uint64_t *p;
+
+                        allocated = MAX(allocated * 2, 16u);
+                        p = realloc(inos, allocated * sizeof *p);
+                        if (!p) {
+                                sqlite3_reset(v->top.list_orphans);
+                                return -ENOMEM;
+                        }
+                        inos = p;
+                }
+                inos[n++] = (uint64_t) sqlite3_column_int64(v->top.list_orphans, 0);
+        }
+        sqlite3_reset(v->top.list_orphans);
+        if (r < 0)
+                return r;
+
+        for (size_t i = 0; i < n; i++) {
+                _cleanup_(inode_row_clear) InodeRow row = {};
+
+                r = inode_get(v, inos[i], &row);
+                if (r < 0)
+                        return r;
+                if (row.layer == 0 && row.nlink == 0) {
+                        r = inode_drop(v, &row);
+                        if (r < 0)
+                                return r;
+                }
+        }
+        return 0;
+}
+
+int volume_open(Store *s, const char *name, bool writable, Volume **ret, pid_t *ret_holder) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+        Volume *v;
+        int r;
+
+        if (!s || !ret)
+                return -EINVAL;
+        if (!store_name_is_valid(name))
+                return -EINVAL;
+        r = catalog_find_subvolume(s, name, &rec);
+        if (r < 0)
+                return r;
+        if (rec.readonly && writable)
+                return -EROFS;
+
+        v = calloc(1, sizeof *v);
+        if (!v)
+                return -ENOMEM;
+        v->store = s;
+        v->subvolume_id = rec.id;
+        v->writable = writable;
+        v->lock_fd = v->gc_fd = -EBADF;
+        pthread_mutex_init(&v->lock, NULL);
+        pthread_cond_init(&v->wake, NULL);
+        v->name = strdup(name);
+        if (!v->name) {
+                r = -ENOMEM;
+                goto fail;
+        }
+
+        /* Read-only servers share the lock, so that nobody mounts the
+         * subvolume writable under them. */
+        if (!rec.readonly) {
+                r = subvolume_lock(s, rec.id, writable, ret_holder);
+                if (r < 0)
+                        goto fail;
+                v->lock_fd = r;
+        }
+
+        r = layers_load(v);
+        if (r < 0)
+                goto fail;
+
+        if (writable) {
+                r = purge_orphans(v);
+                if (r >= 0)
+                        r = volume_commit_locked(v);
+                if (r < 0)
+                        goto fail;
+                r = control_server_start(v, s, rec.id, &v->control);
+                if (r < 0)
+                        goto fail;
+                r = -pthread_create(&v->committer, NULL, committer_main, v);
+                if (r < 0)
+                        goto fail;
+                v->committer_running = true;
+        }
+
+        *ret = v;
+        return 0;
+fail:
+        volume_close(v);
+        return r;
+}
+
+Volume *volume_close(Volume *v) {
+        if (!v)
+                return NULL;
+
+        v->control = control_server_stop(v->control);
+
+        if (v->committer_running) {
+                pthread_mutex_lock(&v->lock);
+                v->stopping = true;
+                pthread_cond_signal(&v->wake);
+                pthread_mutex_unlock(&v->lock);
+                pthread_join(v->committer, NULL);
+        }
+
+        if (v->writable && v->n_layers > 0) {
+                MUTEX_LOCKED(&v->lock);
+                (void) purge_orphans(v);
+                (void) volume_commit_locked(v);
+        }
+        if (v->in_transaction && v->layers[0].db)
+                sqlite_rollback(v->layers[0].db);
+
+        data_forget_dirty(v, 0, 0);
+        layers_unload(v);
+        gc_unlock(&v->gc_fd);
+        safe_close(v->lock_fd);
+        pthread_cond_destroy(&v->wake);
+        pthread_mutex_destroy(&v->lock);
+        free(v->name);
+        free(v);
+        return NULL;
+}
+
+bool volume_is_writable(const Volume *v) {
+        return v->writable;
+}
+
+bool volume_is_sole_writer(const Volume *v) {
+        return true;
+}
+
+const char *volume_name(const Volume *v) {
+        return v->name;
+}
+
+/* Called by the control server: freezes the top layer at a point where
+ * everything written so far is committed, and moves onto a new one. */
+int volume_snapshot_locked_out(Volume *v, const char *name, bool readonly) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+        int r;
+
+        MUTEX_LOCKED(&v->lock);
+
+        if (v->changed) {
+                r = volume_commit_locked(v);
+                if (r < 0)
+                        return r;
+        }
+        if (v->in_transaction) {
+                r = sqlite_commit(v->layers[0].db); /* opened, but nothing changed */
+                if (r < 0)
+                        return r;
+                v->in_transaction = false;
+        }
+        r = catalog_find_subvolume_by_id(v->store, v->subvolume_id, &rec);
+        if (r < 0)
+                return r;
+
+        /* Seal through a fresh connection once ours is closed: no statement
+         * or transaction of ours may hold the database open meanwhile. */
+        layers_unload(v);
+        r = layer_seal(v->store, rec.top_layer);
+        if (r >= 0)
+                r = catalog_snapshot(v->store, &rec, name, readonly);
+
+        /* Whatever happened, serve the stack the catalog has now. */
+        {
+                int k = layers_load(v);
+                if (k < 0 && r >= 0)
+                        r = k;
+        }
+        return r;
+}
+
+/* ---- rows through the stack ---- */
+
+static void inode_from_stmt(sqlite3_stmt *st, uint64_t ino, size_t layer, InodeRow *ret) {
+        const void *data;
+        int len;
+
+        *ret = (InodeRow) {
+                .ino = ino,
+                .mode = (mode_t) sqlite3_column_int(st, 0),
+                .nlink = (uint32_t) sqlite3_column_int(st, 1),
+                .uid = (uid_t) sqlite3_column_int64(st, 2),
+                .gid = (gid_t) sqlite3_column_int64(st, 3),
+                .rdev = (uint64_t) sqlite3_column_int64(st, 4),
+                .size = (uint64_t) sqlite3_column_int64(st, 5),
+                .atime_ns = sqlite3_column_int64(st, 6),
+                .mtime_ns = sqlite3_column_int64(st, 7),
+                .ctime_ns = sqlite3_column_int64(st, 8),
+                .parent = (uint64_t) sqlite3_column_int64(st, 9),
+                .lower_limit = (uint64_t) sqlite3_column_int64(st, 10),
+                .layer = layer,
+        };
+        if (sqlite3_column_type(st, 11) != SQLITE_NULL) {
+                data = sqlite3_column_blob(st, 11);
+                len = sqlite3_column_bytes(st, 11);
+                ret->has_data = true;
+                ret->data_len = (size_t) len;
+                ret->data = malloc(MAX(len, 1));
+                if (ret->data && len > 0)
+                        memcpy(ret->data, data, (size_t) len);
+        }
+}
+
+int inode_get(Volume *v, uint64_t ino, InodeRow *ret) {
+        int r;
+
+        for (size_t i = 0; i < v->n_layers; i++) {
+                sqlite3_stmt *st = v->layers[i].get_inode;
+
+                if (!st)
+                        continue;
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
+                r = sqlite_step_row(st);
+                if (r > 0) {
+                        inode_from_stmt(st, ino, i, ret);
+                        sqlite3_reset(st);
+                        if (ret->has_data && !ret->data)
+                                return -ENOMEM;
+                        return 0;
+                }
+                sqlite3_reset(st);
+                if (r < 0)
+                        return r;
+        }
+        return -ENOENT;
+}
+
+int inode_put(Volume *v, const InodeRow *row) {
+        sqlite3_stmt *st;
+        int r;
+
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        st = v->top.put_inode;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) row->ino);
+        sqlite3_bind_int(st, 2, (int) row->mode);
+        sqlite3_bind_int64(st, 3, row->nlink);
+        sqlite3_bind_int64(st, 4, row->uid);
+        sqlite3_bind_int64(st, 5, row->gid);
+        sqlite3_bind_int64(st, 6, (sqlite3_int64) row->rdev);
+        sqlite3_bind_int64(st, 7, (sqlite3_int64) row->size);
+        sqlite3_bind_int64(st, 8, row->atime_ns);
+        sqlite3_bind_int64(st, 9, row->mtime_ns);
+        sqlite3_bind_int64(st, 10, row->ctime_ns);
+        sqlite3_bind_int64(st, 11, (sqlite3_int64) row->parent);
+        sqlite3_bind_int64(st, 12, (sqlite3_int64) row->lower_limit);
+        if (row->has_data)
+                sqlite3_bind_blob(st, 13, row->data_len > 0 ? (const void *) row->data : "", (int) row->data_len,
+                                  SQLITE_STATIC);
+        else
+                sqlite3_bind_null(st, 13);
+        r = sqlite_step_done(st);
+        sqlite3_clear_bindings(st);
+        if (r < 0)
+                return r;
+        volume_mark_changed(v);
+        return 0;
+}
+
+static int xattrs_copy_up(Volume *v, uint64_t ino, size_t from_layer) {
+        VolumeLayer *l = &v->layers[from_layer];
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        r = sqlite_prepare(l->db, "SELECT name, value FROM xattrs WHERE ino = ?1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
+        while ((r = sqlite_step_row(st)) > 0) {
+                sqlite3_stmt *put = v->top.copy_xattrs;
+
+                sqlite3_bind_int64(put, 1, (sqlite3_int64) ino);
+                sqlite3_bind_blob(put, 2, sqlite3_column_blob(st, 0), sqlite3_column_bytes(st, 0), SQLITE_TRANSIENT);
+                sqlite3_bind_blob(put, 3, sqlite3_column_blob(st, 1) ?: "", sqlite3_column_bytes(st, 1),
+                                  SQLITE_TRANSIENT);
+                r = sqlite_step_done(put);
+                if (r < 0)
+                        return r;
+        }
+        return r;
+}
+
+int inode_get_for_write(Volume *v, uint64_t ino, InodeRow *ret) {
+        int r;
+
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        r = inode_get(v, ino, ret);
+        if (r < 0)
+                return r;
+        if (ret->layer == 0)
+                return 0;
+
+        /* Copy-up: the top layer gets the whole row and the xattrs; the file
+         * contents stay below, visible up to lower_limit. */
+        r = xattrs_copy_up(v, ino, ret->layer);
+        if (r < 0)
+                goto fail;
+        ret->lower_limit = LOWER_LIMIT_NONE;
+        r = inode_put(v, ret);
+        if (r < 0)
+                goto fail;
+        ret->layer = 0;
+        return 0;
+fail:
+        inode_row_clear(ret);
+        return r;
+}
+
+int inode_drop(Volume *v, const InodeRow *row) {
+        int r;
+
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        data_forget_dirty(v, row->ino, 0);
+        r = extents_delete_from(v, row->ino, 0);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(v->top.delete_xattrs_of, 1, (sqlite3_int64) row->ino);
+        r = sqlite_step_done(v->top.delete_xattrs_of);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(v->top.delete_inode, 1, (sqlite3_int64) row->ino);
+        r = sqlite_step_done(v->top.delete_inode);
+        if (r < 0)
+                return r;
+        if (S_ISDIR(row->mode)) {
+                sqlite3_bind_int64(v->top.delete_dentries_of, 1, (sqlite3_int64) row->ino);
+                r = sqlite_step_done(v->top.delete_dentries_of);
+                if (r < 0)
+                        return r;
+        }
+        if (S_ISREG(row->mode))
+                v->counters.logical_bytes -= MIN(v->counters.logical_bytes, row->size);
+        if (v->counters.inodes > 0)
+                v->counters.inodes--;
+        volume_mark_changed(v);
+        return 0;
+}
+
+void inode_to_stat(Volume *v, const InodeRow *row, struct stat *ret) {
+        *ret = (struct stat) {
+                .st_ino = row->ino,
+                .st_mode = row->mode,
+                .st_nlink = row->nlink,
+                .st_uid = row->uid,
+                .st_gid = row->gid,
+                .st_rdev = (dev_t) row->rdev,
+                .st_size = (off_t) row->size,
+                .st_blksize = 4096,
+                .st_atim = { .tv_sec = row->atime_ns / 1000000000, .tv_nsec = row->atime_ns % 1000000000 },
+                .st_mtim = { .tv_sec = row->mtime_ns / 1000000000, .tv_nsec = row->mtime_ns % 1000000000 },
+                .st_ctim = { .tv_sec = row->ctime_ns / 1000000000, .tv_nsec = row->ctime_ns % 1000000000 },
+        };
+        if (S_ISREG(row->mode))
+                ret->st_blocks = (blkcnt_t) DIV_ROUND_UP(data_allocated_bytes(v, row), 512);
+        else if (S_ISDIR(row->mode))
+                ret->st_size = 4096, ret->st_blocks = 8;
+        else if (S_ISLNK(row->mode))
+                ret->st_size = (off_t) row->data_len;
+}
+
+int dentry_get(Volume *v, uint64_t parent, const char *name, uint64_t *ret_ino, mode_t *ret_type) {
+        int r;
+
+        for (size_t i = 0; i < v->n_layers; i++) {
+                sqlite3_stmt *st = v->layers[i].get_dentry;
+
+                if (!st)
+                        continue;
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
+                sqlite3_bind_blob(st, 2, name, (int) strlen(name), SQLITE_STATIC);
+                r = sqlite_step_row(st);
+                if (r > 0) {
+                        uint64_t ino = (uint64_t) sqlite3_column_int64(st, 0);
+                        mode_t type = (mode_t) sqlite3_column_int(st, 1);
+
+                        sqlite3_reset(st);
+                        if (ino == 0)
+                                return -ENOENT; /* whiteout */
+                        if (ret_ino)
+                                *ret_ino = ino;
+                        if (ret_type)
+                                *ret_type = type;
+                        return 0;
+                }
+                sqlite3_reset(st);
+                if (r < 0)
+                        return r;
+        }
+        return -ENOENT;
+}
+
+int dentry_put(Volume *v, uint64_t parent, const char *name, uint64_t ino, mode_t type) {
+        sqlite3_stmt *st;
+        int r;
+
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        st = v->top.put_dentry;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
+        sqlite3_bind_blob(st, 2, name, (int) strlen(name), SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64) ino);
+        sqlite3_bind_int(st, 4, (int) (type & S_IFMT));
+        r = sqlite_step_done(st);
+        if (r < 0)
+                return r;
+        volume_mark_changed(v);
+        return 0;
+}
+
+/* Removes a name: deletes the top layer's entry, and leaves a whiteout if a
+ * lower layer still has the name. */
+int dentry_remove(Volume *v, uint64_t parent, const char *name) {
+        bool lower_has_it = false;
+        int r;
+
+        for (size_t i = 1; i < v->n_layers && !lower_has_it; i++) {
+                sqlite3_stmt *st = v->layers[i].get_dentry;
+
+                if (!st)
+                        continue;
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
+                sqlite3_bind_blob(st, 2, name, (int) strlen(name), SQLITE_STATIC);
+                r = sqlite_step_row(st);
+                if (r > 0 && sqlite3_column_int64(st, 0) != 0)
+                        lower_has_it = true;
+                sqlite3_reset(st);
+                if (r < 0)
+                        return r;
+                if (r > 0)
+                        break;
+        }
+
+        if (lower_has_it)
+                return dentry_put(v, parent, name, 0, 0);
+
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(v->top.delete_dentry, 1, (sqlite3_int64) parent);
+        sqlite3_bind_blob(v->top.delete_dentry, 2, name, (int) strlen(name), SQLITE_STATIC);
+        r = sqlite_step_done(v->top.delete_dentry);
+        if (r < 0)
+                return r;
+        volume_mark_changed(v);
+        return 0;
+}
+
+typedef struct LayeredName {
+        char *name;
+        uint64_t ino;
+        mode_t type;
+        size_t layer;
+} LayeredName;
+
+static int layered_name_compare(const void *a, const void *b) {
+        const LayeredName *x = a, *y = b;
+        int c = strcmp(x->name, y->name);
+
+        if (c != 0)
+                return c;
+        return x->layer < y->layer ? -1 : x->layer > y->layer;
+}
+
+static void layered_names_free(LayeredName *names, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                free(names[i].name);
+        free(names);
+}
+
+static int layered_names_collect(Volume *v, uint64_t parent, LayeredName **ret, size_t *ret_n) {
+        LayeredName *names = NULL;
+        size_t n = 0, allocated = 0;
+        int r = 0;
+
+        for (size_t i = 0; i < v->n_layers; i++) {
+                sqlite3_stmt *st = v->layers[i].list_dentries;
+
+                if (!st)
+                        continue;
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
+                while ((r = sqlite_step_row(st)) > 0) {
+                        int len = sqlite3_column_bytes(st, 0);
+
+                        if (n == allocated) {
+                                LayeredName *p;
+
+                                allocated = MAX(allocated * 2, 32u);
+                                p = realloc(names, allocated * sizeof *p);
+                                if (!p) {
+                                        r = -ENOMEM;
+                                        break;
+                                }
+                                names = p;
+                        }
+                        names[n].name = strndup(sqlite3_column_blob(st, 0) ?: "", (size_t) len);
+                        if (!names[n].name) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        names[n].ino = (uint64_t) sqlite3_column_int64(st, 1);
+                        names[n].type = (mode_t) sqlite3_column_int(st, 2);
+                        names[n].layer = i;
+                        n++;
+                }
+                sqlite3_reset(st);
+                if (r < 0) {
+                        layered_names_free(names, n);
+                        return r;
+                }
+        }
+        *ret = names;
+        *ret_n = n;
+        return 0;
+}
+
+/* The merged listing: for each name the topmost layer's entry, without
+ * whiteouts. */
+int dentries_list(Volume *v, uint64_t parent, VolumeDirent **ret, size_t *ret_n, bool stop_at_first) {
+        LayeredName *names = NULL;
+        VolumeDirent *entries = NULL;
+        size_t n = 0, k = 0;
+        int r;
+
+        r = layered_names_collect(v, parent, &names, &n);
+        if (r < 0)
+                return r;
+        if (n > 0)
+                qsort(names, n, sizeof *names, layered_name_compare);
+
+        if (ret) {
+                entries = calloc(MAX(n, 1u), sizeof *entries);
+                if (!entries) {
+                        layered_names_free(names, n);
+                        return -ENOMEM;
+                }
+        }
+        for (size_t i = 0; i < n; i++) {
+                if (i > 0 && streq(names[i].name, names[i - 1].name))
+                        continue; /* hidden by a layer above */
+                if (names[i].ino == 0)
+                        continue; /* whiteout */
+                if (entries) {
+                        entries[k] = (VolumeDirent) {
+                                .ino = names[i].ino,
+                                .type = names[i].type,
+                                .name = strdup(names[i].name),
+                        };
+                        if (!entries[k].name) {
+                                for (size_t j = 0; j < k; j++)
+                                        free(entries[j].name);
+                                free(entries);
+                                layered_names_free(names, n);
+                                return -ENOMEM;
+                        }
+                }
+                k++;
+                if (stop_at_first)
+                        break;
+        }
+        layered_names_free(names, n);
+        if (ret)
+                *ret = entries;
+        *ret_n = k;
+        return 0;
+}
+
+/* The block at idx as the stack has it: the topmost layer's extent, unless
+ * an inode row above cut the file below that block (lower_limit). */
+int extent_get(Volume *v, const InodeRow *row, uint64_t idx, Digest *ret_digest, uint32_t *ret_len, bool *ret_hole) {
+        uint64_t limit = LOWER_LIMIT_NONE;
+        int r;
+
+        *ret_hole = true;
+        *ret_len = 0;
+        for (size_t i = 0; i < v->n_layers; i++) {
+                VolumeLayer *l = &v->layers[i];
+
+                if (idx * STORE_BLOCK_SIZE >= limit)
+                        return 0;
+                if (!l->db)
+                        continue;
+
+                sqlite3_bind_int64(l->get_extent, 1, (sqlite3_int64) row->ino);
+                sqlite3_bind_int64(l->get_extent, 2, (sqlite3_int64) idx);
+                r = sqlite_step_row(l->get_extent);
+                if (r > 0) {
+                        if (sqlite3_column_type(l->get_extent, 0) != SQLITE_NULL &&
+                            sqlite3_column_bytes(l->get_extent, 0) == sizeof ret_digest->bytes) {
+                                memcpy(ret_digest->bytes, sqlite3_column_blob(l->get_extent, 0),
+                                       sizeof ret_digest->bytes);
+                                *ret_len = (uint32_t) sqlite3_column_int(l->get_extent, 1);
+                                *ret_hole = false;
+                                /* Bytes past a cut made above this layer read as zeros. */
+                                if (limit != LOWER_LIMIT_NONE && idx * STORE_BLOCK_SIZE + *ret_len > limit)
+                                        *ret_len = (uint32_t) (limit - idx * STORE_BLOCK_SIZE);
+                        }
+                        sqlite3_reset(l->get_extent);
+                        return 0;
+                }
+                sqlite3_reset(l->get_extent);
+                if (r < 0)
+                        return r;
+
+                /* This layer's row of the inode cuts off the layers below. */
+                sqlite3_bind_int64(l->get_inode, 1, (sqlite3_int64) row->ino);
+                r = sqlite_step_row(l->get_inode);
+                if (r > 0) {
+                        uint64_t lower = (uint64_t) sqlite3_column_int64(l->get_inode, 10);
+                        bool is_inline = sqlite3_column_type(l->get_inode, 11) != SQLITE_NULL;
+
+                        limit = MIN(limit, is_inline ? 0 : lower);
+                }
+                sqlite3_reset(l->get_inode);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+static int blockref_change(Volume *v, const Digest *d, int delta, uint32_t stored_len) {
+        sqlite3_stmt *st = v->top.get_blockref;
+        int64_t refs = 0;
+        int r;
+
+        sqlite3_bind_blob(st, 1, d->bytes, sizeof d->bytes, SQLITE_STATIC);
+        r = sqlite_step_row(st);
+        if (r > 0)
+                refs = sqlite3_column_int64(st, 0);
+        sqlite3_reset(st);
+        if (r < 0)
+                return r;
+
+        refs += delta;
+        if (refs <= 0) {
+                if (r == 0)
+                        return 0;
+                sqlite3_bind_blob(v->top.delete_blockref, 1, d->bytes, sizeof d->bytes, SQLITE_STATIC);
+                r = sqlite_step_done(v->top.delete_blockref);
+                if (r < 0)
+                        return r;
+                /* stored_len of the row being removed: look it up in the index. */
+                {
+                        BlockLocation loc;
+                        if (block_lookup(v->store, d, &loc) >= 0)
+                                v->counters.stored_bytes -= MIN(v->counters.stored_bytes,
+                                                                sizeof(PackRecordHeader) + loc.stored_len);
+                }
+                return 0;
+        }
+
+        if (r == 0)
+                v->counters.stored_bytes += sizeof(PackRecordHeader) + stored_len;
+        st = v->top.put_blockref;
+        sqlite3_bind_blob(st, 1, d->bytes, sizeof d->bytes, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, refs);
+        sqlite3_bind_int64(st, 3, stored_len);
+        return sqlite_step_done(st);
+}
+
+/* The top layer's extent at idx, if it has one with data. */
+static int top_extent_digest(Volume *v, uint64_t ino, uint64_t idx, Digest *ret) {
+        sqlite3_stmt *st = v->layers[0].get_extent;
+        int r;
+
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64) idx);
+        r = sqlite_step_row(st);
+        if (r > 0) {
+                if (sqlite3_column_bytes(st, 0) == sizeof ret->bytes)
+                        memcpy(ret->bytes, sqlite3_column_blob(st, 0), sizeof ret->bytes);
+                else
+                        r = 0;
+        }
+        sqlite3_reset(st);
+        return r;
+}
+
+int extent_put(Volume *v, uint64_t ino, uint64_t idx, const Digest *digest, uint32_t len, uint32_t stored_len) {
+        sqlite3_stmt *st;
+        Digest old;
+        int r;
+
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+
+        r = top_extent_digest(v, ino, idx, &old);
+        if (r < 0)
+                return r;
+        if (r > 0) {
+                if (digest && memcmp(old.bytes, digest->bytes, sizeof old.bytes) == 0)
+                        return 0;
+                r = blockref_change(v, &old, -1, 0);
+                if (r < 0)
+                        return r;
+        }
+
+        st = v->top.put_extent;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64) idx);
+        if (digest)
+                sqlite3_bind_blob(st, 3, digest->bytes, sizeof digest->bytes, SQLITE_STATIC);
+        else
+                sqlite3_bind_null(st, 3);
+        sqlite3_bind_int64(st, 4, len);
+        r = sqlite_step_done(st);
+        if (r < 0)
+                return r;
+        if (digest) {
+                r = blockref_change(v, digest, +1, stored_len);
+                if (r < 0)
+                        return r;
+        }
+        volume_mark_changed(v);
+        return 0;
+}
+
+int extents_delete_from(Volume *v, uint64_t ino, uint64_t first_idx) {
+        sqlite3_stmt *st = v->top.list_extents_from;
+        Digest *digests = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64) first_idx);
+        while ((r = sqlite_step_row(st)) > 0) {
+                if (sqlite3_column_bytes(st, 0) != sizeof(Digest))
+                        continue;
+                if (n == allocated) {
+                        Digest *p;
+
+                        allocated = MAX(allocated * 2, 16u);
+                        p = realloc(digests, allocated * sizeof *p);
+                        if (!p) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        digests = p;
+                }
+                memcpy(digests[n++].bytes, sqlite3_column_blob(st, 0), sizeof(Digest));
+        }
+        sqlite3_reset(st);
+
+        for (size_t i = 0; r >= 0 && i < n; i++)
+                r = blockref_change(v, &digests[i], -1, 0);
+        free(digests);
+        if (r < 0)
+                return r;
+
+        sqlite3_bind_int64(v->top.delete_extents_from, 1, (sqlite3_int64) ino);
+        sqlite3_bind_int64(v->top.delete_extents_from, 2, (sqlite3_int64) first_idx);
+        r = sqlite_step_done(v->top.delete_extents_from);
+        if (r < 0)
+                return r;
+        volume_mark_changed(v);
+        return 0;
+}

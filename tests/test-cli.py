@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""cowbox-store as an administrator meets it: init, subvolume create, list,
+show, snapshot, delete, --json, --help, and a clear error with a non-zero
+exit status for every misuse. No FUSE needed."""
+
+import os
+import re
+import sys
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cowbox_test as t  # noqa: E402
+
+UUID_RE = re.compile(r'^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$')
+
+
+def check_mentions(result, needle, what):
+    t.check(needle.lower() in result.err.lower(),
+            f'{what}: the message does not mention {needle!r}:\n{result.describe()}')
+
+
+def test_init(store):
+    t.check(os.path.isdir(store.path), f'init did not create {store.path}')
+    t.check_equal(store.list(), [], 'subvolumes of a new store')
+    r = store.run('init', expect='fail')
+    t.check(any(w in r.err.lower() for w in ('exist', 'already')),
+            f'init of an existing store should say it already exists:\n{r.describe()}')
+    t.check_equal(store.list(), [], 'subvolumes after a second init')
+
+
+def test_init_non_empty_dir(store):
+    d = store.new_dir('not-empty')
+    t.write_file(os.path.join(d, 'precious'), b'data')
+    t.run_command([t.tool(), '--store', d, 'init'], expect='fail')
+    t.check_equal(t.read_file(os.path.join(d, 'precious')), b'data', 'a file in a directory init refused')
+
+
+def test_missing_store(store):
+    missing = os.path.join(store.tmp, 'no-store-here')
+    for args in (['subvolume', 'list'], ['subvolume', 'create', 'x'], ['usage']):
+        r = t.run_command([t.tool(), '--store', missing] + args, expect='fail')
+        check_mentions(r, 'init', f'{" ".join(args)} on a missing store (should say how to create one)')
+    t.check(not os.path.exists(missing), f'using a missing store created {missing}')
+
+
+def test_store_from_environment(store):
+    r = t.run_command([t.tool(), '--json', 'subvolume', 'list'], env={'COWBOX_STORE': store.path})
+    t.json_subvolume_list(r.json())
+    missing = os.path.join(store.tmp, 'env-missing')
+    t.run_command([t.tool(), 'subvolume', 'list'], env={'COWBOX_STORE': missing}, expect='fail')
+
+
+def test_create_list_show_delete(store):
+    for name in ('alpha', 'beta', 'name with spaces', 'ünïcode-ñame', 'x' * 255):
+        store.create(name)
+    subvols = {s['name']: s for s in store.list()}
+    t.check_equal(sorted(subvols), sorted(['alpha', 'beta', 'name with spaces', 'ünïcode-ñame', 'x' * 255]),
+                  'subvolume names listed')
+    uuids = [s['uuid'] for s in subvols.values()]
+    t.check(all(UUID_RE.match(u) for u in uuids), f'uuids are not canonical: {uuids}')
+    t.check_equal(len(set(uuids)), len(uuids), 'distinct uuids')
+    for s in subvols.values():
+        t.check_equal(s['readonly'], False, f'{s["name"]}: readonly')
+        t.check_equal(s['parent_uuid'], '', f'{s["name"]}: parent_uuid')
+        t.check_equal(s['mounted_by'], 0, f'{s["name"]}: mounted_by')
+        t.check_equal(s['logical_bytes'], 0, f'{s["name"]}: logical bytes of an empty subvolume')
+    alpha = store.show('alpha')
+    t.check_equal(alpha['uuid'], subvols['alpha']['uuid'], 'uuid in show and list')
+
+    text = store.run('subvolume', 'list').out
+    for name in ('alpha', 'beta', 'name with spaces'):
+        t.check(name in text, f'subvolume list does not print {name!r}:\n{text}')
+    text = store.run('subvolume', 'show', 'alpha').out
+    t.check('alpha' in text and alpha['uuid'] in text, f'subvolume show prints no name or uuid:\n{text}')
+
+    store.delete('beta')
+    t.check('beta' not in store.names(), 'beta still listed after delete')
+    r = store.run('subvolume', 'show', 'beta', expect='fail')
+    check_mentions(r, 'beta', 'show of a deleted subvolume')
+    r = store.run('subvolume', 'delete', 'beta', expect='fail')
+    check_mentions(r, 'beta', 'second delete')
+    store.delete('name with spaces', reap=False)
+    store.reap()
+    t.check_equal(store.names(), sorted(['alpha', 'ünïcode-ñame', 'x' * 255]), 'names after deletes and reap')
+
+    # A deleted name can be used again, for a new subvolume.
+    store.create('beta')
+    t.check(store.show('beta')['uuid'] not in uuids, 'a re-created subvolume got an old uuid')
+
+
+def test_invalid_names(store):
+    before = store.names()
+    for name in ('', '.', '..', 'a/b', '/abs', 'x' * 256, 'new\nline', 'tab\there'):
+        r = store.run('subvolume', 'create', name, expect='fail')
+        t.check(r.err.strip(), f'create {name!r}: no message')
+        store.run('subvolume', 'snapshot', 'alpha', name, expect='fail')
+    t.check_equal(store.names(), before, 'subvolumes after invalid names were refused')
+
+
+def test_snapshots(store):
+    store.create('origin')
+    origin = store.show('origin')
+    store.snapshot('origin', 'snap-rw')
+    store.snapshot('origin', 'snap-ro', readonly=True)
+    rw, ro = store.show('snap-rw'), store.show('snap-ro')
+    t.check_equal(rw['readonly'], False, 'snapshot without -r: readonly')
+    t.check_equal(ro['readonly'], True, 'snapshot -r: readonly')
+    t.check_equal(rw['parent_uuid'], origin['uuid'], 'snapshot parent_uuid')
+    t.check_equal(ro['parent_uuid'], origin['uuid'], 'read-only snapshot parent_uuid')
+    t.check_equal(store.show('origin')['readonly'], False, 'origin stays writable')
+    store.snapshot('snap-ro', 'snap-of-ro')
+    t.check_equal(store.show('snap-of-ro')['readonly'], False, 'writable snapshot of a read-only one')
+
+    r = store.run('subvolume', 'snapshot', 'no-such-source', 'x', expect='fail')
+    check_mentions(r, 'no-such-source', 'snapshot of a missing source')
+    t.check('x' not in store.names(), 'a failed snapshot left a subvolume')
+
+    store.create('dup-name-1')
+    r = store.run('subvolume', 'create', 'dup-name-1', expect='fail')
+    check_mentions(r, 'dup-name-1', 'create of a duplicate name')
+    r = store.run('subvolume', 'snapshot', 'origin', 'dup-name-1', expect='fail')
+    check_mentions(r, 'dup-name-1', 'snapshot onto a taken name')
+    t.check_equal(store.names().count('dup-name-1'), 1, 'duplicates listed')
+
+
+def test_misuse(store):
+    cases = [
+        ['frobnicate'],
+        [],
+        ['subvolume'],
+        ['subvolume', 'frobnicate'],
+        ['subvolume', 'create'],
+        ['subvolume', 'create', 'a', 'b'],
+        ['subvolume', 'snapshot', 'alpha'],
+        ['subvolume', 'snapshot'],
+        ['subvolume', 'delete'],
+        ['subvolume', 'show'],
+        ['subvolume', 'create', '--bogus-option', 'a'],
+        ['mount', 'alpha'],
+        ['mount'],
+        ['--bogus-option', 'subvolume', 'list'],
+        ['reap', 'extra-argument'],
+    ]
+    before = store.names()
+    for args in cases:
+        r = store.run(*args, expect='fail')
+        if args and args[0] == 'frobnicate':
+            check_mentions(r, 'frobnicate', 'unknown command')
+    t.check_equal(store.names(), before, 'subvolumes after misuse')
+    r = store.run('mount', 'no-such-subvolume', store.new_dir('mnt'), expect='fail')
+    check_mentions(r, 'no-such-subvolume', 'mount of a missing subvolume')
+
+
+def test_json(store):
+    doc = store.json('usage')
+    t.json_usage(doc)
+    for key in ('logical_bytes', 'stored_bytes', 'data_bytes', 'pack_file_bytes', 'reclaimable_bytes'):
+        t.check(doc[key] >= 0, f'usage {key} = {doc[key]}')
+    names = {s.get('name') for s in doc['subvolumes']}
+    t.check_equal(names, set(store.names()), 'subvolumes in usage --json')
+    t.json_usage_subvolume(doc, 'alpha')
+    text = store.run('usage').out
+    t.check('alpha' in text, f'usage does not list subvolume alpha:\n{text}')
+
+
+def test_maintenance(store):
+    store.run('reap')
+    store.reap()
+    store.run('scrub')
+    store.fsck()
+    store.fsck(repair=True)
+
+
+def test_help(store):
+    commands = [
+        [], ['init'], ['subvolume'], ['subvolume', 'create'], ['subvolume', 'snapshot'],
+        ['subvolume', 'delete'], ['subvolume', 'list'], ['subvolume', 'show'], ['mount'],
+        ['usage'], ['reap'], ['scrub'], ['fsck'],
+    ]
+    missing = os.path.join(store.tmp, 'no-store-for-help')
+    for args in commands:
+        # --help needs no store.
+        r = t.run_command([t.tool(), '--store', missing] + args + ['--help'])
+        t.check('usage' in r.out.lower(), f'--help prints no usage on stdout:\n{r.describe()}')
+        if args:
+            t.check(args[-1] in r.out, f'--help of {" ".join(args)} does not name the command:\n{r.describe()}')
+    t.check(not os.path.exists(missing), '--help created a store')
+
+
+def test_version(store):
+    r = t.run_command([t.tool(), '--version'])
+    version = t.project_version()
+    t.check(version in r.out, f'--version does not print {version}:\n{r.describe()}')
+
+
+def run():
+    with t.Store('cli') as store:
+        sub = t.Subtests()
+        sub.run('init', test_init, store)
+        sub.run('init refuses a non-empty directory', test_init_non_empty_dir, store)
+        sub.run('missing store', test_missing_store, store)
+        sub.run('store from $COWBOX_STORE', test_store_from_environment, store)
+        sub.run('create, list, show, delete', test_create_list_show_delete, store)
+        sub.run('invalid names', test_invalid_names, store)
+        sub.run('snapshots', test_snapshots, store)
+        sub.run('misuse', test_misuse, store)
+        sub.run('json', test_json, store)
+        sub.run('reap, scrub, fsck', test_maintenance, store)
+        sub.run('help', test_help, store)
+        sub.run('version', test_version, store)
+        sub.check()
+
+
+t.main(run)

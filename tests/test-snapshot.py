@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Snapshots as their users rely on them: isolated both ways, read-only ones
+refuse writes, snapshots of snapshots, deleting a subvolume whose blocks a
+snapshot shares, snapshots of a subvolume being written, one writable mount
+at a time, and space accounting that the reaper makes good."""
+
+import errno
+import os
+import stat
+import sys
+import threading
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cowbox_test as t  # noqa: E402
+from cowbox_test import KiB, MiB  # noqa: E402
+
+J = os.path.join
+
+
+def populate(root):
+    t.write_file(J(root, 'small.txt'), b'a small file, stored inline\n')
+    t.write_file(J(root, 'big.bin'), t.random_bytes(MiB, 1))
+    t.write_file(J(root, 'text.txt'), t.pattern_bytes(300 * KiB, 1))
+    os.makedirs(J(root, 'dir', 'sub'))
+    t.write_file(J(root, 'dir', 'sub', 'leaf'), b'leaf')
+    t.write_file(J(root, 'dir', 'gone-later'), t.random_bytes(100 * KiB, 2))
+    os.symlink('small.txt', J(root, 'link'))
+    os.link(J(root, 'text.txt'), J(root, 'dir', 'hard'))
+    os.setxattr(J(root, 'small.txt'), 'user.origin', b'1')
+    os.chmod(J(root, 'dir'), 0o750)
+
+
+def change_origin(root):
+    with open(J(root, 'big.bin'), 'r+b') as f:
+        f.seek(500 * KiB)
+        f.write(b'changed in the origin' * 1000)
+    with open(J(root, 'small.txt'), 'ab') as f:
+        f.write(b'appended in the origin\n')
+    os.unlink(J(root, 'dir', 'gone-later'))
+    t.write_file(J(root, 'new-in-origin'), t.random_bytes(200 * KiB, 3))
+    os.rename(J(root, 'dir', 'sub'), J(root, 'sub-moved'))
+    os.chmod(J(root, 'text.txt'), 0o600)
+    os.setxattr(J(root, 'small.txt'), 'user.origin', b'2')
+    os.truncate(J(root, 'text.txt'), 100 * KiB)
+
+
+def change_snapshot(root):
+    t.write_file(J(root, 'big.bin'), t.random_bytes(700 * KiB, 4))
+    os.mkdir(J(root, 'only-in-snapshot'))
+    t.write_file(J(root, 'only-in-snapshot', 'f'), b'snapshot data')
+    os.unlink(J(root, 'link'))
+    os.symlink('big.bin', J(root, 'link'))
+    os.removexattr(J(root, 'small.txt'), 'user.origin')
+    os.chown(J(root, 'dir', 'sub', 'leaf'), 1000, 1000)
+
+
+def assert_manifest(path, expected, what):
+    t.assert_manifests_equal(expected, t.manifest(path), what, label_a='expected', label_b='mounted')
+
+
+def expect_erofs(root):
+    """Every kind of change fails with EROFS."""
+    e = errno.EROFS
+    t.expect_errno(e, t.write_file, J(root, 'new-file'), b'x', what='create')
+    t.expect_errno(e, os.open, J(root, 'small.txt'), os.O_WRONLY, what='open for writing')
+    t.expect_errno(e, os.truncate, J(root, 'small.txt'), 0, what='truncate')
+    t.expect_errno(e, os.mkdir, J(root, 'new-dir'), what='mkdir')
+    t.expect_errno(e, os.unlink, J(root, 'small.txt'), what='unlink')
+    t.expect_errno(e, os.rmdir, J(root, 'dir', 'sub'), what='rmdir')
+    t.expect_errno(e, os.rename, J(root, 'small.txt'), J(root, 'renamed'), what='rename')
+    t.expect_errno(e, os.chmod, J(root, 'small.txt'), 0o600, what='chmod')
+    t.expect_errno(e, os.chown, J(root, 'small.txt'), 1, 1, what='chown')
+    t.expect_errno(e, os.utime, J(root, 'small.txt'), ns=(1, 1), what='utimensat')
+    t.expect_errno(e, os.setxattr, J(root, 'small.txt'), 'user.x', b'1', what='setxattr')
+    t.expect_errno(e, os.removexattr, J(root, 'small.txt'), 'user.origin', what='removexattr')
+    t.expect_errno(e, os.symlink, 'x', J(root, 'new-link'), what='symlink')
+    t.expect_errno(e, os.link, J(root, 'small.txt'), J(root, 'new-hard'), what='link')
+    t.expect_errno(e, os.mkfifo, J(root, 'new-fifo'), what='mkfifo')
+
+
+def test_isolation(store, manifests):
+    store.create('origin')
+    with store.mount('origin') as m:
+        populate(m.path)
+        manifests['m0'] = t.manifest(m.path)
+    store.snapshot('origin', 'snap')
+    store.snapshot('origin', 'ro', readonly=True)
+    with store.mount('origin') as m:
+        assert_manifest(m.path, manifests['m0'], 'the origin right after the snapshots')
+        change_origin(m.path)
+        manifests['m1'] = t.manifest(m.path)
+    with store.mount('snap') as m:
+        assert_manifest(m.path, manifests['m0'], 'the snapshot after the origin changed')
+        change_snapshot(m.path)
+        manifests['m2'] = t.manifest(m.path)
+    with store.mount('origin') as m:
+        assert_manifest(m.path, manifests['m1'], 'the origin after the snapshot changed')
+    with store.mount('snap') as m:
+        assert_manifest(m.path, manifests['m2'], 'the snapshot after a remount')
+
+
+def test_readonly(store, manifests):
+    t.check(store.show('ro')['readonly'], 'snapshot -r is not read-only')
+    with store.mount('ro') as m:
+        assert_manifest(m.path, manifests['m0'], 'the read-only snapshot')
+        expect_erofs(m.path)
+        assert_manifest(m.path, manifests['m0'], 'the read-only snapshot after refused writes')
+    with store.mount('origin', readonly=True) as m:
+        expect_erofs(m.path)
+    with store.mount('origin') as m:
+        assert_manifest(m.path, manifests['m1'], 'the origin after a read-only mount')
+
+
+def test_snapshot_of_snapshot(store, manifests):
+    store.snapshot('snap', 'snap2')
+    t.check_equal(store.show('snap2')['parent_uuid'], store.show('snap')['uuid'], 'parent_uuid of a snapshot of a snapshot')
+    with store.mount('snap2') as m:
+        assert_manifest(m.path, manifests['m2'], 'a snapshot of a snapshot')
+        t.write_file(J(m.path, 'only-in-snap2'), b'x')
+        os.unlink(J(m.path, 'big.bin'))
+    with store.mount('snap') as m:
+        assert_manifest(m.path, manifests['m2'], 'a snapshot after its own snapshot changed')
+    store.snapshot('ro', 'from-ro')
+    with store.mount('from-ro') as m:
+        assert_manifest(m.path, manifests['m0'], 'a writable snapshot of a read-only snapshot')
+        t.write_file(J(m.path, 'writable'), b'yes')
+    with store.mount('ro') as m:
+        assert_manifest(m.path, manifests['m0'], 'the read-only snapshot after its writable snapshot changed')
+
+
+def test_delete_shared(store, manifests):
+    """Deleting the origin keeps the blocks the snapshots share with it."""
+    store.delete('origin')
+    t.check('origin' not in store.names(), 'origin still listed after delete')
+    store.reap()
+    with store.mount('snap') as m:
+        assert_manifest(m.path, manifests['m2'], 'the snapshot after its origin was deleted and reaped')
+    with store.mount('ro') as m:
+        assert_manifest(m.path, manifests['m0'], 'the read-only snapshot after its origin was deleted and reaped')
+    store.run('scrub')
+    store.fsck()
+
+
+def test_live_snapshot(store):
+    """A snapshot of a subvolume mounted writable and being written holds
+    everything fsync'd before it, and nothing written after it."""
+    store.create('live')
+    synced = t.random_bytes(2 * MiB, 10)
+    chunk = 64 * KiB
+    stream = t.random_bytes(64 * chunk, 11)
+    with store.mount('live') as m:
+        t.write_file(J(m.path, 'synced'), synced, fsync=True)
+        t.fsync_dir(m.path)
+        info = store.show('live')
+        t.check_equal(info['mounted_by'], m.pid, 'mounted_by of a mounted subvolume')
+        stop = threading.Event()
+        written = []
+
+        def writer():
+            fd = os.open(J(m.path, 'stream'), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                i = 0
+                while not stop.is_set():
+                    os.pwrite(fd, stream[(i % 64) * chunk:(i % 64 + 1) * chunk], (i % 64) * chunk)
+                    written.append(i)
+                    i += 1
+            finally:
+                os.close(fd)
+
+        th = threading.Thread(target=writer)
+        th.start()
+        try:
+            time.sleep(0.3)
+            store.snapshot('live', 'live-snap')
+            time.sleep(0.2)
+        finally:
+            stop.set()
+            th.join()
+        t.check(written, 'the writer wrote nothing')
+        t.write_file(J(m.path, 'after'), b'written after the snapshot', fsync=True)
+        with open(J(m.path, 'synced'), 'r+b') as f:
+            f.write(b'changed after the snapshot')
+            os.fsync(f.fileno())
+    with store.mount('live-snap') as s:
+        t.check_bytes(t.read_file(J(s.path, 'synced')), synced, "fsync'd data in a snapshot taken while mounted")
+        t.check(not os.path.exists(J(s.path, 'after')), 'a file created after the snapshot is in it')
+        if os.path.exists(J(s.path, 'stream')):
+            got = t.read_file(J(s.path, 'stream'))
+            t.check(len(got) <= len(stream), f'stream is {len(got)} bytes, more than was written')
+            for off in range(0, len(got), 4096):
+                page = got[off:off + 4096]
+                t.check(page == stream[off:off + len(page)] or page == bytes(len(page)),
+                        f'stream in the snapshot: the page at {off} is neither the data written nor zeros')
+
+
+def test_single_writer(store):
+    """A subvolume mounted writable cannot be mounted writable again nor
+    deleted; both refusals name the process that holds it."""
+    store.create('held')
+    with store.mount('held') as m:
+        pid = m.pid
+        other = store.mount('held')
+        r = other.mount(expect='fail')
+        t.check(str(pid) in r.err, f'the refused mount does not name pid {pid}:\n{r.describe()}')
+        r = store.run('subvolume', 'delete', 'held', expect='fail')
+        t.check(str(pid) in r.err, f'the refused delete does not name pid {pid}:\n{r.describe()}')
+        t.check('held' in store.names(), 'a refused delete removed the subvolume')
+        t.write_file(J(m.path, 'still-works'), b'yes')
+    t.check_equal(store.show('held')['mounted_by'], 0, 'mounted_by after unmount')
+    with store.mount('held') as m:
+        t.check_bytes(t.read_file(J(m.path, 'still-works')), b'yes', 'data after the refusals')
+    store.delete('held')
+
+
+def test_space(store):
+    """Exclusive and referenced bytes as snapshots come and go, reclaimable
+    bytes after delete, and the space back on disk after reap --wait."""
+    size = 8 * MiB
+    store.create('fat')
+    with store.mount('fat') as m:
+        t.write_file(J(m.path, 'data'), t.random_bytes(size, 20), fsync=True)
+    info = store.show('fat')
+    print(f'  fat: {info}')
+    t.check(size <= info['logical_bytes'] <= size + 64 * KiB, f'logical bytes {info["logical_bytes"]} for {size}')
+    t.check(info['exclusive_bytes'] >= 0.95 * size, f'exclusive bytes {info["exclusive_bytes"]} for {size} of random data')
+    t.check(info['referenced_bytes'] >= info['exclusive_bytes'],
+            f'referenced {info["referenced_bytes"]} < exclusive {info["exclusive_bytes"]}')
+
+    store.snapshot('fat', 'fat-snap')
+    for name in ('fat', 'fat-snap'):
+        i = store.show(name)
+        t.check(i['exclusive_bytes'] < MiB, f'{name}: exclusive bytes {i["exclusive_bytes"]} while all is shared')
+        t.check(i['referenced_bytes'] >= 0.95 * size, f'{name}: referenced bytes {i["referenced_bytes"]}')
+    store.delete('fat-snap', reap=False)
+    store.reap()
+    t.check(store.show('fat')['exclusive_bytes'] >= 0.95 * size,
+            f'fat: exclusive bytes {store.show("fat")["exclusive_bytes"]} after its only snapshot was reaped')
+
+    before = store.usage()
+    disk_before = t.disk_usage(store.path)
+    store.delete('fat', reap=False)
+    pending = store.usage()
+    print(f'  usage before delete: {before}\n  after delete: {pending}')
+    t.check(pending['reclaimable_bytes'] >= 0.95 * size,
+            f'reclaimable bytes {pending["reclaimable_bytes"]} after deleting {size} bytes of random data')
+    store.reap()
+    after = store.usage()
+    disk_after = t.disk_usage(store.path)
+    print(f'  after reap: {after}\n  on disk: {disk_before} -> {disk_after}')
+    t.check_equal(after['reclaimable_bytes'], 0, 'reclaimable bytes after reap --wait')
+    t.check(after['data_bytes'] <= before['data_bytes'] - 0.9 * size,
+            f'data bytes {before["data_bytes"]} -> {after["data_bytes"]} after reaping {size} bytes')
+    t.check(disk_after <= disk_before - 0.6 * size,
+            f'the store uses {disk_before} -> {disk_after} bytes on disk after reaping {size} bytes')
+
+
+def run():
+    t.require_fuse()
+    with t.Store('snapshot') as store:
+        manifests = {}
+        sub = t.Subtests()
+        sub.run('isolation both ways', test_isolation, store, manifests)
+        if sub.failed:
+            sub.check()
+        sub.run('read-only', test_readonly, store, manifests)
+        sub.run('snapshot of a snapshot', test_snapshot_of_snapshot, store, manifests)
+        sub.run('delete while a snapshot shares blocks', test_delete_shared, store, manifests)
+        sub.run('snapshot while mounted and written', test_live_snapshot, store)
+        sub.run('one writable mount, delete refused while mounted', test_single_writer, store)
+        sub.run('space accounting and reap', test_space, store)
+        sub.check()
+
+
+t.main(run)

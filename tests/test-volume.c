@@ -1,0 +1,417 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * The store's volume layer without FUSE: layering, copy-up, truncation
+ * across layers, whiteouts, snapshots, deletion and reaping, folding, and
+ * corruption detection, on a real store in a temporary directory.
+ */
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+
+#include "cleanup.h"
+#include "store.h"
+#include "string-util.h"
+#include "volume.h"
+
+static const char *test_name = "";
+
+#define CHECK(expr)                                                                       \
+        do {                                                                              \
+                if (!(expr)) {                                                            \
+                        fprintf(stderr, "%s: %s:%d: check failed: %s\n", test_name,       \
+                                __FILE__, __LINE__, #expr);                               \
+                        exit(EXIT_FAILURE);                                               \
+                }                                                                         \
+        } while (0)
+
+#define CHECK_OK(expr)                                                                    \
+        do {                                                                              \
+                long long _r_ = (long long) (expr);                                       \
+                if (_r_ < 0) {                                                            \
+                        fprintf(stderr, "%s: %s:%d: %s failed: %s\n", test_name, __FILE__, \
+                                __LINE__, #expr, strerror((int) -_r_));                   \
+                        exit(EXIT_FAILURE);                                               \
+                }                                                                         \
+        } while (0)
+
+static char store_dir[] = "/tmp/cowbox-test-volume-XXXXXX";
+
+static void remove_tree(const char *path) {
+        char cmd[512];
+
+        snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", path);
+        (void) !system(cmd);
+}
+
+static void cleanup_store(void) {
+        remove_tree(store_dir);
+}
+
+static uint64_t make_file(Volume *v, uint64_t parent, const char *name) {
+        struct stat st;
+
+        CHECK_OK(volume_mknod(v, parent, name, S_IFREG | 0644, 0, 0, 0, &st));
+        return st.st_ino;
+}
+
+static uint64_t lookup(Volume *v, uint64_t parent, const char *name) {
+        struct stat st;
+
+        CHECK_OK(volume_lookup(v, parent, name, &st));
+        return st.st_ino;
+}
+
+static void fill_pattern(uint8_t *buf, size_t n, unsigned seed) {
+        uint32_t x = seed * 2654435761u + 1;
+
+        for (size_t i = 0; i < n; i++) {
+                x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+                buf[i] = (uint8_t) x;
+        }
+}
+
+static void check_content(Volume *v, uint64_t ino, const uint8_t *expect, size_t n) {
+        _cleanup_free_ uint8_t *buf = malloc(n + 100);
+        struct stat st;
+
+        CHECK(buf);
+        CHECK_OK(volume_getattr(v, ino, &st));
+        CHECK((size_t) st.st_size == n);
+        CHECK(volume_read(v, ino, buf, n + 100, 0) == (ssize_t) n);
+        CHECK(memcmp(buf, expect, n) == 0);
+}
+
+static Volume *open_volume(Store *s, const char *name, bool writable) {
+        Volume *v = NULL;
+
+        CHECK_OK(volume_open(s, name, writable, &v, NULL));
+        return v;
+}
+
+static void test_basic_and_snapshot(Store *s) {
+        _cleanup_free_ uint8_t *big = malloc(300000), *changed = NULL;
+        char target[64];
+        Volume *v;
+        uint64_t dir, small, large, link_ino;
+        struct stat st;
+        pid_t holder = 0;
+
+        test_name = "basic-and-snapshot";
+        CHECK(big);
+        fill_pattern(big, 300000, 1);
+        CHECK_OK(store_subvolume_create(s, "a"));
+        CHECK(store_subvolume_create(s, "a") == -EEXIST);
+        CHECK(store_subvolume_create(s, "x/y") == -EINVAL);
+
+        v = open_volume(s, "a", true);
+        CHECK(volume_open(s, "a", true, &(Volume *) { NULL }, &holder) == -EBUSY);
+        CHECK(holder == getpid());
+
+        CHECK_OK(volume_mkdir(v, 1, "dir", 0755, 0, 0, &st));
+        dir = st.st_ino;
+        small = make_file(v, dir, "small");
+        CHECK(volume_write(v, small, "hello", 5, 0) == 5);
+        large = make_file(v, dir, "large");
+        CHECK(volume_write(v, large, big, 300000, 0) == 300000);
+        CHECK_OK(volume_symlink(v, 1, "link", "dir/small", 0, 0, &st));
+        link_ino = st.st_ino;
+        CHECK_OK(volume_setxattr(v, large, "user.k", "v1", 2, 0));
+        CHECK(volume_setxattr(v, large, "user.k", "v2", 2, XATTR_CREATE) == -EEXIST);
+        CHECK_OK(volume_link(v, small, 1, "small-link", &st));
+        CHECK(st.st_nlink == 2);
+        check_content(v, large, big, 300000);
+        CHECK_OK(volume_sync(v));
+        check_content(v, large, big, 300000);
+        volume_close(v);
+
+        CHECK_OK(store_subvolume_snapshot(s, "a", "b", false));
+        CHECK_OK(store_subvolume_snapshot(s, "a", "ro", true));
+        CHECK(store_subvolume_snapshot(s, "a", "b", false) == -EEXIST);
+        CHECK(store_subvolume_snapshot(s, "missing", "z", false) == -ENOENT);
+
+        /* Change a after the snapshot: overwrite a part, truncate, unlink. */
+        v = open_volume(s, "a", true);
+        changed = malloc(300000);
+        CHECK(changed);
+        memcpy(changed, big, 300000);
+        memset(changed + 70000, 'x', 1000);
+        CHECK(volume_write(v, large, changed + 70000, 1000, 70000) == 1000);
+        check_content(v, large, changed, 300000);
+        CHECK_OK(volume_unlink(v, dir, "small"));
+        CHECK(volume_lookup(v, dir, "small", &st) == -ENOENT);
+        CHECK_OK(volume_setxattr(v, large, "user.k", "v3", 2, XATTR_REPLACE));
+        volume_close(v);
+
+        /* The snapshots still see the old state. */
+        v = open_volume(s, "b", true);
+        check_content(v, lookup(v, dir, "large"), big, 300000);
+        check_content(v, lookup(v, dir, "small"), (const uint8_t *) "hello", 5);
+        CHECK(volume_readlink(v, link_ino, target, sizeof target) == 9);
+        CHECK(memcmp(target, "dir/small", 9) == 0);
+        {
+                char value[8];
+                CHECK(volume_getxattr(v, large, "user.k", value, sizeof value) == 2);
+                CHECK(memcmp(value, "v1", 2) == 0);
+        }
+        volume_close(v);
+
+        CHECK(volume_open(s, "ro", true, &(Volume *) { NULL }, NULL) == -EROFS);
+        v = open_volume(s, "ro", false);
+        check_content(v, lookup(v, dir, "large"), big, 300000);
+        CHECK(volume_write(v, large, "x", 1, 0) == -EROFS);
+        volume_close(v);
+
+        v = open_volume(s, "a", false);
+        check_content(v, lookup(v, dir, "large"), changed, 300000);
+        {
+                char value[8];
+                CHECK(volume_getxattr(v, large, "user.k", value, sizeof value) == 2);
+                CHECK(memcmp(value, "v3", 2) == 0);
+        }
+        volume_close(v);
+}
+
+/* A file truncated in an upper layer and grown again must not show the
+ * lower layer's bytes. */
+static void test_truncate_across_layers(Store *s) {
+        _cleanup_free_ uint8_t *data = malloc(200000), *expect = calloc(1, 200000);
+        Volume *v;
+        uint64_t f;
+        struct stat st = {};
+
+        test_name = "truncate-across-layers";
+        CHECK(data && expect);
+        fill_pattern(data, 200000, 2);
+        CHECK_OK(store_subvolume_create(s, "t"));
+        v = open_volume(s, "t", true);
+        f = make_file(v, 1, "f");
+        CHECK(volume_write(v, f, data, 200000, 0) == 200000);
+        volume_close(v);
+        CHECK_OK(store_subvolume_snapshot(s, "t", "t-snap", true));
+
+        v = open_volume(s, "t", true);
+        st.st_size = 100;
+        CHECK_OK(volume_setattr(v, f, &st, VOLUME_SET_SIZE, NULL));
+        st.st_size = 200000;
+        CHECK_OK(volume_setattr(v, f, &st, VOLUME_SET_SIZE, NULL));
+        memcpy(expect, data, 100);
+        check_content(v, f, expect, 200000);
+        CHECK_OK(volume_sync(v));
+        check_content(v, f, expect, 200000);
+
+        /* Punch a hole in the middle of a block of the lower layer. */
+        volume_close(v);
+        v = open_volume(s, "t-snap", false);
+        check_content(v, f, data, 200000);
+        volume_close(v);
+}
+
+static void test_rename(Store *s) {
+        Volume *v;
+        uint64_t a, b, d1, d2;
+        struct stat st;
+
+        test_name = "rename";
+        CHECK_OK(store_subvolume_create(s, "r"));
+        v = open_volume(s, "r", true);
+        a = make_file(v, 1, "a");
+        b = make_file(v, 1, "b");
+        CHECK(volume_rename(v, 1, "a", 1, "b", RENAME_NOREPLACE) == -EEXIST);
+        CHECK_OK(volume_rename(v, 1, "a", 1, "b", RENAME_EXCHANGE));
+        CHECK(lookup(v, 1, "a") == b);
+        CHECK(lookup(v, 1, "b") == a);
+        CHECK_OK(volume_rename(v, 1, "a", 1, "b", 0));
+        CHECK(lookup(v, 1, "b") == b);
+        CHECK(volume_lookup(v, 1, "a", &st) == -ENOENT);
+
+        CHECK_OK(volume_mkdir(v, 1, "d1", 0755, 0, 0, &st));
+        d1 = st.st_ino;
+        CHECK_OK(volume_mkdir(v, 1, "d2", 0755, 0, 0, &st));
+        d2 = st.st_ino;
+        CHECK_OK(volume_mkdir(v, d1, "sub", 0755, 0, 0, &st));
+        CHECK_OK(volume_getattr(v, d1, &st));
+        CHECK(st.st_nlink == 3);
+        CHECK_OK(volume_rename(v, d1, "sub", d2, "sub", 0));
+        CHECK_OK(volume_getattr(v, d1, &st));
+        CHECK(st.st_nlink == 2);
+        CHECK_OK(volume_getattr(v, d2, &st));
+        CHECK(st.st_nlink == 3);
+        CHECK(volume_rmdir(v, 1, "d2") == -ENOTEMPTY);
+        CHECK(volume_rename(v, 1, "b", 1, "d1", 0) == -EISDIR);
+        CHECK(volume_rename(v, 1, "d1", 1, "d2", 0) == -ENOTEMPTY);
+        CHECK_OK(volume_rmdir(v, d2, "sub"));
+        CHECK_OK(volume_rmdir(v, 1, "d2"));
+        volume_close(v);
+}
+
+static size_t listing_size(Store *s, const char *name) {
+        Volume *v = open_volume(s, name, false);
+        VolumeDir *d = NULL;
+        size_t n;
+
+        CHECK_OK(volume_opendir(v, 1, &d));
+        n = d->n;
+        volume_dir_free(d);
+        volume_close(v);
+        return n;
+}
+
+static void test_whiteouts_and_fold(Store *s) {
+        Volume *v;
+        StoreReapStats stats;
+        StoreSubvolumeInfo info;
+        char name[16];
+
+        test_name = "whiteouts-and-fold";
+        CHECK_OK(store_subvolume_create(s, "w"));
+        v = open_volume(s, "w", true);
+        for (int i = 0; i < 10; i++) {
+                snprintf(name, sizeof name, "f%d", i);
+                make_file(v, 1, name);
+        }
+        volume_close(v);
+
+        /* A chain of snapshots, each removing a file. */
+        for (int i = 0; i < 5; i++) {
+                snprintf(name, sizeof name, "w-%d", i);
+                CHECK_OK(store_subvolume_snapshot(s, "w", name, true));
+                CHECK_OK(store_subvolume_delete(s, name, NULL));
+                v = open_volume(s, "w", true);
+                snprintf(name, sizeof name, "f%d", i);
+                CHECK_OK(volume_unlink(v, 1, name));
+                volume_close(v);
+        }
+        CHECK(listing_size(s, "w") == 5);
+        CHECK_OK(store_subvolume_show(s, "w", &info));
+        CHECK(info.depth >= 5);
+        store_subvolume_info_clear(&info);
+
+        CHECK_OK(store_reap(s, true, &stats, NULL));
+        CHECK(stats.subvolumes_forgotten == 5);
+        CHECK(stats.layers_folded > 0);
+        CHECK_OK(store_subvolume_show(s, "w", &info));
+        fprintf(stderr, "depth after reap: %u\n", info.depth);
+        CHECK(info.depth <= 2);
+        store_subvolume_info_clear(&info);
+        CHECK(listing_size(s, "w") == 5);
+}
+
+static int find_largest_pack(char *ret, size_t size) {
+        char path[512];
+        DIR *d;
+        struct dirent *de;
+        off_t best = 0;
+
+        snprintf(path, sizeof path, "%s/packs", store_dir);
+        d = opendir(path);
+        if (!d)
+                return -errno;
+        while ((de = readdir(d))) {
+                struct stat st;
+                char p[1024];
+
+                if (de->d_name[0] == '.')
+                        continue;
+                snprintf(p, sizeof p, "%s/%s", path, de->d_name);
+                if (stat(p, &st) >= 0 && st.st_size > best) {
+                        best = st.st_size;
+                        snprintf(ret, size, "%s", p);
+                }
+        }
+        closedir(d);
+        return best > 0 ? 0 : -ENOENT;
+}
+
+static void test_delete_reap_and_corruption(Store *s) {
+        _cleanup_free_ uint8_t *data = malloc(1 << 20), *buf = malloc(1 << 20);
+        StoreUsage before, after;
+        StoreReapStats stats;
+        Volume *v;
+        uint64_t f;
+        char pack[1024];
+        int fd;
+
+        test_name = "delete-reap-corruption";
+        CHECK(data && buf);
+        fill_pattern(data, 1 << 20, 3);
+        CHECK_OK(store_subvolume_create(s, "big"));
+        v = open_volume(s, "big", true);
+        f = make_file(v, 1, "f");
+        CHECK(volume_write(v, f, data, 1 << 20, 0) == 1 << 20);
+        volume_close(v);
+
+        CHECK_OK(store_usage(s, &before));
+        CHECK(before.data_bytes >= (1 << 20));
+        CHECK_OK(store_subvolume_delete(s, "big", NULL));
+        CHECK(store_subvolume_delete(s, "big", NULL) == -ENOENT);
+        CHECK_OK(store_reap(s, false, &stats, NULL));
+        CHECK(stats.bytes_freed >= (1 << 20));
+        CHECK_OK(store_usage(s, &after));
+        CHECK(after.data_bytes + (1 << 20) <= before.data_bytes);
+
+        /* Damage a block: reads fail with EIO, never return other bytes. */
+        CHECK_OK(store_subvolume_create(s, "c"));
+        v = open_volume(s, "c", true);
+        f = make_file(v, 1, "f");
+        CHECK(volume_write(v, f, data, 1 << 20, 0) == 1 << 20);
+        volume_close(v);
+        CHECK_OK(find_largest_pack(pack, sizeof pack));
+        fd = open(pack, O_RDWR | O_CLOEXEC);
+        CHECK(fd >= 0);
+        {
+                struct stat st;
+                uint8_t byte;
+                off_t at;
+
+                CHECK(fstat(fd, &st) == 0);
+                at = st.st_size - 300000; /* inside the blocks just written */
+                CHECK(pread(fd, &byte, 1, at) == 1);
+                byte ^= 0x40;
+                CHECK(pwrite(fd, &byte, 1, at) == 1);
+        }
+        close(fd);
+
+        v = open_volume(s, "c", false);
+        CHECK(volume_read(v, f, buf, 1 << 20, 0) == -EIO);
+        volume_close(v);
+        CHECK_OK(store_usage(s, &after));
+        CHECK(after.corruption_events > 0);
+        {
+                StoreScrubStats scrub;
+                CHECK_OK(store_scrub(s, NULL, NULL, &scrub));
+                CHECK(scrub.blocks_damaged == 1);
+        }
+}
+
+int main(void) {
+        Store *s = NULL;
+
+        if (!mkdtemp(store_dir)) {
+                perror("mkdtemp");
+                return EXIT_FAILURE;
+        }
+        atexit(cleanup_store);
+        CHECK(rmdir(store_dir) == 0);
+        CHECK_OK(store_init(store_dir));
+        CHECK(store_init(store_dir) == -EEXIST);
+        CHECK_OK(store_open(store_dir, &s));
+
+        test_basic_and_snapshot(s);
+        test_truncate_across_layers(s);
+        test_rename(s);
+        test_whiteouts_and_fold(s);
+        test_delete_reap_and_corruption(s);
+
+        CHECK(store_fsck(s, false, NULL, NULL) == 0);
+        store_close(s);
+        printf("test-volume: all checks passed\n");
+        return EXIT_SUCCESS;
+}
