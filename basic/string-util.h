@@ -8,6 +8,10 @@ static inline bool streq(const char *a, const char *b) {
         return strcmp(a, b) == 0;
 }
 
+static inline bool startswith(const char *s, const char *prefix) {
+        return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
 /* "." or "..", the names no directory entry may take. */
 static inline bool streq_dot(const char *s) {
         return s[0] == '.' && (s[1] == 0 || (s[1] == '.' && s[2] == 0));

@@ -49,10 +49,16 @@ static int report_name_taken(const char *name) {
 }
 
 /* Parses a verb with no options of its own and exactly n_names subvolume names. */
+/* parse_names() printed the help: the verb is done. */
+#define PARSE_DONE (-1)
+
+/* 0 to go on with the verb, PARSE_DONE, or an exit status. */
 static int parse_names(Tool *tool, const Command *cmd, int argc, char *argv[], int n_names) {
         int c, r;
 
         c = command_getopt(tool, cmd, argc, argv);
+        if (c == OPTIONS_HELP)
+                return PARSE_DONE;
         if (c != 0)
                 return options_exit_status(c);
 
@@ -90,7 +96,7 @@ static int verb_create(Tool *tool, const Command *cmd, int argc, char *argv[]) {
 
         r = parse_names(tool, cmd, argc, argv, 1);
         if (r != 0)
-                return r;
+                return r == PARSE_DONE ? EXIT_SUCCESS : r;
         name = argv[optind];
 
         r = tool_open_store(tool, &store);
@@ -226,7 +232,7 @@ static int verb_list(Tool *tool, const Command *cmd, int argc, char *argv[]) {
 
         r = parse_names(tool, cmd, argc, argv, 0);
         if (r != 0)
-                return r;
+                return r == PARSE_DONE ? EXIT_SUCCESS : r;
 
         r = tool_open_store(tool, &store);
         if (r != 0)
@@ -261,7 +267,7 @@ static int verb_show(Tool *tool, const Command *cmd, int argc, char *argv[]) {
 
         r = parse_names(tool, cmd, argc, argv, 1);
         if (r != 0)
-                return r;
+                return r == PARSE_DONE ? EXIT_SUCCESS : r;
         name = argv[optind];
 
         r = tool_open_store(tool, &store);

@@ -405,6 +405,10 @@ int pack_record_decode(Store *s, const void *record, size_t record_len, const Di
         } else
                 return BAD("unknown compression");
 
+        /* zstd may use the buffer past the content as scratch (wild copies):
+         * what lies past a short block must read as zeros. */
+        memset((uint8_t *) buf + h->raw_len, 0, STORE_BLOCK_SIZE - h->raw_len);
+
         /* The end-to-end check: the content is the block that was asked for. */
         block_digest(s, buf, h->raw_len, &actual);
         if (memcmp(actual.bytes, expect->bytes, sizeof actual.bytes) != 0)
@@ -430,6 +434,7 @@ int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, vo
         c = &p->cache[d->bytes[0] % READ_CACHE_SLOTS];
         if (c->valid && memcmp(c->digest.bytes, d->bytes, sizeof d->bytes) == 0 && !ret_reason) {
                 memcpy(buf, c->data, c->len);
+                memset((uint8_t *) buf + c->len, 0, STORE_BLOCK_SIZE - c->len);
                 return (int) c->len;
         }
 

@@ -273,6 +273,10 @@ static void op_init(void *userdata, struct fuse_conn_info *conn) {
                 off |= FUSE_CAP_AUTO_INVAL_DATA;
 
         conn->want = (conn->want & ~off) | (on & conn->capable);
+
+        /* With the writeback cache the kernel keeps mtime and ctime of
+         * written files and sends them with setattr: ours would be later. */
+        volume_set_kernel_times(srv->volume, conn->want & FUSE_CAP_WRITEBACK_CACHE);
         conn->max_write = MIN(conn->max_write, IO_SIZE_MAX); /* libfuse caps it to its buffer */
         conn->max_readahead = IO_SIZE_MAX;                   /* the kernel keeps the smaller of its own and ours */
         conn->time_gran = 1;                                 /* the volume keeps nanoseconds */

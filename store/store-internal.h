@@ -167,8 +167,8 @@ int block_lookup(Store *s, const Digest *d, BlockLocation *ret);
  * index rows become visible to others at block_commit(). */
 int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLocation *ret);
 
-/* Reads and verifies a block into buf (STORE_BLOCK_SIZE bytes); returns its
- * length. -EIO on any mismatch, which is counted. */
+/* Reads and verifies a block into buf (STORE_BLOCK_SIZE bytes, zero past the
+ * block's length); returns its length. -EIO on any mismatch, which is counted. */
 int block_read(Store *s, const Digest *d, void *buf);
 int block_read_at(Store *s, const Digest *d, const BlockLocation *loc, void *buf);
 

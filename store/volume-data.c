@@ -318,7 +318,8 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
         }
 
         row.size = MAX(row.size, end);
-        row.mtime_ns = row.ctime_ns = timestamp_now();
+        if (!v->kernel_times)
+                row.mtime_ns = row.ctime_ns = timestamp_now();
         r = inode_put(v, &row);
         if (r < 0)
                 return r;
@@ -437,7 +438,8 @@ int volume_fallocate(Volume *v, uint64_t ino, int mode, uint64_t offset, uint64_
                 if (r < 0)
                         return r;
         }
-        row.mtime_ns = row.ctime_ns = timestamp_now();
+        if (!v->kernel_times)
+                row.mtime_ns = row.ctime_ns = timestamp_now();
         return inode_put(v, &row);
 }
 

@@ -576,6 +576,10 @@ int volume_setxattr(Volume *v, uint64_t ino, const char *name, const void *value
                 return r;
         if (size > XATTR_SIZE_MAX)
                 return -E2BIG;
+        /* No POSIX ACLs: stored as a plain xattr, an ACL would be ignored
+         * while tools like cp -a believe it set the mode. */
+        if (startswith(name, "system.posix_acl_"))
+                return -EOPNOTSUPP;
 
         MUTEX_LOCKED(&v->lock);
         r = inode_get_for_write(v, ino, &row);

@@ -15,7 +15,9 @@
 #include "sqlite-util.h"
 #include "volume-internal.h"
 
+#ifndef COMMIT_INTERVAL_MS
 #define COMMIT_INTERVAL_MS 1000
+#endif
 
 int64_t timestamp_now(void) {
         return (int64_t) now_nsec();
@@ -257,7 +259,9 @@ static void *committer_main(void *userdata) {
                 struct timespec deadline;
 
                 clock_gettime(CLOCK_REALTIME, &deadline);
-                deadline.tv_sec += COMMIT_INTERVAL_MS / 1000;
+                deadline.tv_nsec += (long) (COMMIT_INTERVAL_MS % 1000) * 1000000;
+                deadline.tv_sec += COMMIT_INTERVAL_MS / 1000 + deadline.tv_nsec / 1000000000;
+                deadline.tv_nsec %= 1000000000;
                 (void) pthread_cond_timedwait(&v->wake, &v->lock, &deadline);
                 if (!v->stopping)
                         (void) volume_commit_locked(v);
@@ -413,6 +417,11 @@ Volume *volume_close(Volume *v) {
 
 bool volume_is_writable(const Volume *v) {
         return v->writable;
+}
+
+void volume_set_kernel_times(Volume *v, bool kernel_times) {
+        MUTEX_LOCKED(&v->lock);
+        v->kernel_times = kernel_times;
 }
 
 bool volume_is_sole_writer(const Volume *v) {

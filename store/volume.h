@@ -43,6 +43,10 @@ bool volume_is_writable(const Volume *v);
  * are safe. */
 bool volume_is_sole_writer(const Volume *v);
 
+/* Whether the kernel keeps the times of written files (FUSE writeback
+ * cache): then write and fallocate leave mtime and ctime alone. */
+void volume_set_kernel_times(Volume *v, bool kernel_times);
+
 int volume_lookup(Volume *v, uint64_t parent, const char *name, struct stat *ret);
 int volume_getattr(Volume *v, uint64_t ino, struct stat *ret);
 

@@ -153,8 +153,7 @@ def test_misuse(store):
 
 
 def test_json(store):
-    doc = store.json('usage')
-    t.json_usage(doc)
+    doc = t.json_usage(store.json('usage'))
     for key in ('logical_bytes', 'stored_bytes', 'data_bytes', 'pack_file_bytes', 'reclaimable_bytes'):
         t.check(doc[key] >= 0, f'usage {key} = {doc[key]}')
     names = {s.get('name') for s in doc['subvolumes']}

@@ -66,46 +66,52 @@ def run():
     if total < MiB:
         t.skip(f'{SOURCE} holds less than 1 MiB of files')
     print(f'copying {len(chosen)} of {len(os.listdir(SOURCE))} entries of {SOURCE}, {total} bytes', flush=True)
+    sub = t.Subtests()
     with t.Store('compression') as store:
         store.create('include')
         with store.mount('include') as m:
             for name in chosen:
                 t.copy_tree(os.path.join(SOURCE, name), m.p(name))
-            t.assert_trees_equal(SOURCE, m.path, top=chosen, what=f'{SOURCE} and its copy in the mount differ')
+            sub.run('the copy reads back identical', t.assert_trees_equal, SOURCE, m.path, top=chosen,
+                    what=f'{SOURCE} and its copy in the mount differ')
             files, extra = sizes(m.path)
             t.check_equal(files, total, 'bytes of regular files in the mount')
             inodes = distinct_inodes(m.path)
         with store.mount('include', readonly=True) as m:
-            t.assert_trees_equal(SOURCE, m.path, top=chosen,
-                                 what=f'{SOURCE} and its copy differ after a remount')
+            sub.run('the copy reads back identical after a remount', t.assert_trees_equal, SOURCE, m.path,
+                    top=chosen, what=f'{SOURCE} and its copy differ after a remount')
+        sub.run('space accounting', check_accounting, store, files, extra, inodes)
+    sub.check()
 
-        usage = store.usage()
-        info = store.show('include')
-        sub = t.json_usage_subvolume(usage, 'include')
-        logical, referenced = info['logical_bytes'], info['referenced_bytes']
-        disk = t.disk_usage(store.path)
-        print(f'subvolume: logical {logical}, referenced {referenced}, exclusive {info["exclusive_bytes"]}, '
-              f'inodes {info["inodes"]}')
-        print(f'store: logical {usage["logical_bytes"]}, stored {usage["stored_bytes"]} '
-              f'(data {usage["data_bytes"]}, metadata {usage["metadata_bytes"]}), '
-              f'pack files {usage["pack_file_bytes"]}, on disk {disk}')
-        if referenced:
-            print(f'compression ratio {logical / referenced:.2f} (logical / referenced)')
-        if disk:
-            print(f'on disk ratio {logical / disk:.2f} (logical / bytes the store directory takes)')
-        t.check(files <= logical <= files + extra,
-                f'logical bytes {logical}: the files hold {files} (+{extra} in symlinks and directories)')
-        t.check_equal(sub.get('logical_bytes'), logical, 'logical bytes in usage and in subvolume show')
-        t.check(0 < referenced < logical, f'referenced bytes {referenced} are not less than logical {logical}')
-        t.check(usage['stored_bytes'] < usage['logical_bytes'],
-                f'the store keeps {usage["stored_bytes"]} bytes for {usage["logical_bytes"]} logical')
-        t.check(0 < usage['data_bytes'] <= usage['stored_bytes'],
-                f'data bytes {usage["data_bytes"]}, stored {usage["stored_bytes"]}')
-        t.check(usage['pack_file_bytes'] >= usage['data_bytes'],
-                f'pack files hold {usage["pack_file_bytes"]} bytes, less than the data {usage["data_bytes"]}')
-        t.check(disk < logical, f'the store takes {disk} bytes on disk for {logical} logical')
-        t.check(inodes <= info['inodes'] <= inodes + 16,
-                f'subvolume show counts {info["inodes"]} inodes; the mount shows {inodes} (and a root)')
+
+def check_accounting(store, files, extra, inodes):
+    usage = store.usage()
+    info = store.show('include')
+    entry = t.json_usage_subvolume(usage, 'include')
+    logical, referenced = info['logical_bytes'], info['referenced_bytes']
+    disk = t.disk_usage(store.path)
+    print(f'subvolume: logical {logical}, referenced {referenced}, exclusive {info["exclusive_bytes"]}, '
+          f'inodes {info["inodes"]}')
+    print(f'store: logical {usage["logical_bytes"]}, stored {usage["stored_bytes"]} '
+          f'(data {usage["data_bytes"]}, metadata {usage["metadata_bytes"]}), '
+          f'pack files {usage["pack_file_bytes"]}, on disk {disk}')
+    if referenced:
+        print(f'compression ratio {logical / referenced:.2f} (logical / referenced)')
+    if disk:
+        print(f'on disk ratio {logical / disk:.2f} (logical / bytes the store directory takes)')
+    t.check(files <= logical <= files + extra,
+            f'logical bytes {logical}: the files hold {files} (+{extra} in symlinks and directories)')
+    t.check_equal(entry.get('logical_bytes'), logical, 'logical bytes in usage and in subvolume show')
+    t.check(0 < referenced < logical, f'referenced bytes {referenced} are not less than logical {logical}')
+    t.check(usage['stored_bytes'] < usage['logical_bytes'],
+            f'the store keeps {usage["stored_bytes"]} bytes for {usage["logical_bytes"]} logical')
+    t.check(0 < usage['data_bytes'] <= usage['stored_bytes'],
+            f'data bytes {usage["data_bytes"]}, stored {usage["stored_bytes"]}')
+    t.check(usage['pack_file_bytes'] >= usage['data_bytes'],
+            f'pack files hold {usage["pack_file_bytes"]} bytes, less than the data {usage["data_bytes"]}')
+    t.check(disk < logical, f'the store takes {disk} bytes on disk for {logical} logical')
+    t.check(inodes <= info['inodes'] <= inodes + 16,
+            f'subvolume show counts {info["inodes"]} inodes; the mount shows {inodes} (and a root)')
 
 
 t.main(run)

@@ -445,6 +445,62 @@ def test_attributes(d):
     t.check(os.stat(d).st_mtime_ns > old, 'creating an entry did not update the directory mtime')
 
 
+def test_attributes_before_writeback(d):
+    """What cp -a does: create the file 0600, write it, then set owner,
+    times and mode while the data may still be in the kernel's cache; the
+    write-back that follows changes none of them."""
+    p = J(d, 'copied')
+    data = t.random_bytes(700 * KiB, 12)
+    atime, mtime = 1_400_000_000_111_111_111, 1_300_000_000_222_222_222
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fchown(fd, 1000, 1000)
+        os.setxattr(fd, 'user.copied', b'1')
+        os.utime(fd, ns=(atime, mtime))
+        os.fchmod(fd, 0o644)
+    finally:
+        os.close(fd)
+
+    def check(when):
+        st = os.stat(p)
+        t.check_equal(oct(stat.S_IMODE(st.st_mode)), '0o644', f'mode {when}')
+        t.check_equal((st.st_uid, st.st_gid), (1000, 1000), f'owner {when}')
+        t.check_equal(st.st_mtime_ns, mtime, f'mtime {when}')
+        t.check_equal(st.st_size, len(data), f'size {when}')
+
+    check('after close')
+    t.check_bytes(t.read_file(p), data, 'content')
+    os.sync()
+    check('after sync')
+    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    check('after fsync')
+
+
+def test_cp_a(d):
+    """cp -a (which sets modes through the system.posix_acl_access xattr
+    where it can) copies modes, owners, times, xattrs and hard links."""
+    with t.temporary_directory('posix-cp') as src:
+        tree = J(src, 'tree')
+        os.makedirs(J(tree, 'sub', 'deeper'))
+        for name, mode in (('a', 0o644), ('b', 0o640), ('c', 0o755), ('sub/d', 0o600), ('sub/deeper/e', 0o444)):
+            t.write_file(J(tree, name), t.pattern_bytes(5000 + len(name), mode), mode=mode)
+            os.chmod(J(tree, name), mode)
+        os.chmod(J(tree, 'sub'), 0o750)
+        os.chmod(J(tree, 'sub', 'deeper'), 0o711)
+        os.chown(J(tree, 'b'), 1000, 100)
+        os.link(J(tree, 'a'), J(tree, 'sub', 'a-link'))
+        os.symlink('../a', J(tree, 'sub', 'a-sym'))
+        os.setxattr(J(tree, 'c'), 'user.kept', b'yes')
+        r = subprocess.run(['cp', '-a', tree, J(d, 'tree')], capture_output=True, text=True)
+        t.check(r.returncode == 0, f'cp -a into the mount: {r.stderr}')
+        t.assert_trees_equal(tree, J(d, 'tree'), 'a tree and its copy by cp -a')
+
+
 def test_permissions(d):
     """default_permissions and allow_other: other users reach the mount, and
     the kernel enforces modes."""
@@ -712,6 +768,8 @@ def run():
                 ('rename', test_rename),
                 ('xattrs', test_xattrs),
                 ('chmod, chown, utimensat', test_attributes),
+                ('attributes set before write-back', test_attributes_before_writeback),
+                ('cp -a', test_cp_a),
                 ('permissions for other users', test_permissions),
                 ('devices, FIFOs, sockets', test_special_files),
                 ('fsync', test_fsync),
