@@ -729,7 +729,11 @@ class Store:
         self.path = os.path.join(self.tmp, 'store')
         print(f'store {self.path}', flush=True)
         if self.init_store:
-            self.run('init')
+            try:
+                self.run('init')
+            except BaseException:
+                self.cleanup(failed=True)
+                raise
         return self
 
     def __exit__(self, exc_type, exc, tb):
