@@ -15,8 +15,8 @@
 /* dentries with ino 0 are whiteouts hiding a name of a lower layer; extents
  * with a NULL digest are holes hiding a lower layer's block; lower_limit is
  * the offset from which the lower layers' extents of an inode no longer
- * count (it shrinks on truncate); data holds a small file's content or a
- * symlink's target. */
+ * count (it shrinks on truncate); data holds a small file's content (zstd
+ * compressed if data_zstd) or a symlink's target. */
 static const char layer_schema[] =
         "CREATE TABLE info(key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;"
         "CREATE TABLE inodes("
@@ -32,7 +32,8 @@ static const char layer_schema[] =
         "  ctime_ns INTEGER NOT NULL,"
         "  parent INTEGER NOT NULL,"
         "  lower_limit INTEGER NOT NULL,"
-        "  data BLOB);"
+        "  data BLOB,"
+        "  data_zstd INTEGER NOT NULL DEFAULT 0);"
         "CREATE TABLE dentries("
         "  parent INTEGER NOT NULL,"
         "  name BLOB NOT NULL,"

@@ -262,45 +262,72 @@ static int mark_layer(Store *s, uint64_t id, DigestSet *live) {
         return r;
 }
 
+/* Unindexes the blocks the mark phase did not reach, then punches them
+ * out of their packs. In that order: after a crash in between, a record
+ * is left unindexed (space to reclaim), never an index entry whose data is
+ * gone that a writer could deduplicate against. */
 static int sweep_blocks(Store *s, const DigestSet *live, StoreReapStats *stats) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL, *del = NULL;
+        _cleanup_free_ BlockRow *dead = NULL;
+        size_t n = 0, allocated = 0;
         int r;
 
-        CATALOG_LOCKED(s);
-        r = sqlite_begin(s->catalog);
-        if (r < 0)
-                return r;
-        r = sqlite_prepare(s->catalog, "SELECT digest, pack, offset, stored_len, raw_len FROM blocks", &st);
-        if (r >= 0)
-                r = sqlite_prepare(s->catalog, "DELETE FROM blocks WHERE digest = ?1", &del);
-        while (r >= 0 && (r = sqlite_step_row(st)) > 0) {
-                BlockLocation loc;
-                Digest d;
+        {
+                _cleanup_stmt_ sqlite3_stmt *st = NULL, *del = NULL;
 
-                if (sqlite3_column_bytes(st, 0) != sizeof d.bytes)
-                        continue;
-                memcpy(d.bytes, sqlite3_column_blob(st, 0), sizeof d.bytes);
-                if (digest_set_contains(live, &d))
-                        continue;
-                loc = (BlockLocation) {
-                        .pack = (uint64_t) sqlite3_column_int64(st, 1),
-                        .offset = (uint64_t) sqlite3_column_int64(st, 2),
-                        .stored_len = (uint32_t) sqlite3_column_int(st, 3),
-                        .raw_len = (uint32_t) sqlite3_column_int(st, 4),
-                };
-                r = block_free(s, &d, &loc);
+                CATALOG_LOCKED(s);
+                r = sqlite_begin(s->catalog);
                 if (r < 0)
-                        break;
-                sqlite3_bind_blob(del, 1, d.bytes, sizeof d.bytes, SQLITE_STATIC);
-                r = sqlite_step_done(del);
-                stats->blocks_freed++;
-                stats->bytes_freed += sizeof(PackRecordHeader) + loc.stored_len;
+                        return r;
+                r = sqlite_prepare(s->catalog, "SELECT digest, pack, offset, stored_len, raw_len FROM blocks", &st);
+                if (r >= 0)
+                        r = sqlite_prepare(s->catalog, "DELETE FROM blocks WHERE digest = ?1", &del);
+                while (r >= 0 && (r = sqlite_step_row(st)) > 0) {
+                        Digest d;
+
+                        if (sqlite3_column_bytes(st, 0) != sizeof d.bytes)
+                                continue;
+                        memcpy(d.bytes, sqlite3_column_blob(st, 0), sizeof d.bytes);
+                        if (digest_set_contains(live, &d))
+                                continue;
+                        if (n == allocated) {
+                                BlockRow *p;
+
+                                allocated = MAX(allocated * 2, 256u);
+                                p = realloc(dead, allocated * sizeof *p);
+                                if (!p) {
+                                        r = -ENOMEM;
+                                        break;
+                                }
+                                dead = p;
+                        }
+                        dead[n++] = (BlockRow) {
+                                .digest = d,
+                                .loc = {
+                                        .pack = (uint64_t) sqlite3_column_int64(st, 1),
+                                        .offset = (uint64_t) sqlite3_column_int64(st, 2),
+                                        .stored_len = (uint32_t) sqlite3_column_int(st, 3),
+                                        .raw_len = (uint32_t) sqlite3_column_int(st, 4),
+                                },
+                        };
+                        sqlite3_bind_blob(del, 1, d.bytes, sizeof d.bytes, SQLITE_STATIC);
+                        r = sqlite_step_done(del);
+                }
+                if (r >= 0)
+                        r = sqlite_commit(s->catalog);
+                if (r < 0) {
+                        sqlite_rollback(s->catalog);
+                        return r;
+                }
         }
-        if (r >= 0)
-                r = sqlite_commit(s->catalog);
-        if (r < 0)
-                sqlite_rollback(s->catalog);
-        return r;
+
+        for (size_t i = 0; i < n; i++) {
+                r = block_free(s, &dead[i].digest, &dead[i].loc);
+                if (r < 0)
+                        return r;
+                stats->blocks_freed++;
+                stats->bytes_freed += sizeof(PackRecordHeader) + dead[i].loc.stored_len;
+        }
+        return 0;
 }
 
 /* Packs without live blocks that no writer holds. */

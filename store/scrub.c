@@ -177,11 +177,6 @@ static int report_users(Store *s, const Digest *d, StoreDamage *damage, store_da
         return 0;
 }
 
-typedef struct BlockRow {
-        Digest digest;
-        BlockLocation loc;
-} BlockRow;
-
 static int list_blocks(Store *s, BlockRow **ret, size_t *ret_n) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         _cleanup_free_ BlockRow *rows = NULL;

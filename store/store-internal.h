@@ -154,6 +154,12 @@ typedef struct BlockLocation {
         uint32_t raw_len;
 } BlockLocation;
 
+/* A block of the index: its digest and where it is stored. */
+typedef struct BlockRow {
+        Digest digest;
+        BlockLocation loc;
+} BlockRow;
+
 int packs_new(Store *s, struct Packs **ret);
 struct Packs *packs_free(struct Packs *p);
 

@@ -6,6 +6,7 @@
 
 #include <pthread.h>
 #include <sqlite3.h>
+#include <zstd.h>
 
 #include "store-internal.h"
 #include "volume.h"
@@ -55,6 +56,8 @@ typedef struct DirtyBlock {
 #define DIRTY_BUCKETS 4096
 /* Past this many dirty blocks (64 MiB), writes flush them before commit. */
 #define DIRTY_MAX 1024
+/* Small files are compressed alone: a fast level does as well as any. */
+#define INLINE_ZSTD_LEVEL 1
 
 struct Volume {
         Store *store;
@@ -86,6 +89,11 @@ struct Volume {
         pthread_cond_t wake;
 
         ControlServer *control;
+
+        /* Compression of small files' inline contents. */
+        ZSTD_CCtx *cctx;
+        ZSTD_DCtx *dctx;
+        uint8_t inline_scratch[ZSTD_COMPRESSBOUND(INLINE_MAX)];
 };
 
 /* An inode as the topmost layer that has it says. */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <zstd.h>
 
 #include "sqlite-util.h"
 #include "volume-internal.h"
@@ -61,7 +62,8 @@ static int layer_prepare(VolumeLayer *l) {
                 const char *sql;
         } queries[] = {
                 { offsetof(VolumeLayer, get_inode),
-                  "SELECT mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, parent, lower_limit, data "
+                  "SELECT mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, parent, lower_limit, data, "
+                  "data_zstd "
                   "FROM inodes WHERE ino = ?1" },
                 { offsetof(VolumeLayer, get_dentry), "SELECT ino, type FROM dentries WHERE parent = ?1 AND name = ?2" },
                 { offsetof(VolumeLayer, list_dentries), "SELECT name, ino, type FROM dentries WHERE parent = ?1" },
@@ -88,7 +90,7 @@ static int top_prepare(Volume *v) {
         } queries[] = {
                 { offsetof(TopStatements, put_inode),
                   "INSERT OR REPLACE INTO inodes(ino, mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, "
-                  "parent, lower_limit, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)" },
+                  "parent, lower_limit, data, data_zstd) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)" },
                 { offsetof(TopStatements, delete_inode), "DELETE FROM inodes WHERE ino = ?1" },
                 { offsetof(TopStatements, put_dentry),
                   "INSERT OR REPLACE INTO dentries(parent, name, ino, type) VALUES (?1, ?2, ?3, ?4)" },
@@ -342,7 +344,9 @@ int volume_open(Store *s, const char *name, bool writable, Volume **ret, pid_t *
         pthread_mutex_init(&v->lock, NULL);
         pthread_cond_init(&v->wake, NULL);
         v->name = strdup(name);
-        if (!v->name) {
+        v->cctx = ZSTD_createCCtx();
+        v->dctx = ZSTD_createDCtx();
+        if (!v->name || !v->cctx || !v->dctx) {
                 r = -ENOMEM;
                 goto fail;
         }
@@ -408,6 +412,8 @@ Volume *volume_close(Volume *v) {
         layers_unload(v);
         gc_unlock(&v->gc_fd);
         safe_close(v->lock_fd);
+        ZSTD_freeCCtx(v->cctx);
+        ZSTD_freeDCtx(v->dctx);
         pthread_cond_destroy(&v->wake);
         pthread_mutex_destroy(&v->lock);
         free(v->name);
@@ -473,10 +479,28 @@ int volume_snapshot_locked_out(Volume *v, const char *name, bool readonly) {
 
 /* ---- rows through the stack ---- */
 
-static void inode_from_stmt(sqlite3_stmt *st, uint64_t ino, size_t layer, InodeRow *ret) {
-        const void *data;
-        int len;
+/* Small files' contents are stored compressed when that saves an eighth. */
+static int inline_decode(Volume *v, const void *stored, size_t stored_len, bool compressed, InodeRow *row) {
+        size_t n;
 
+        row->has_data = true;
+        row->data = malloc(compressed ? INLINE_MAX : MAX(stored_len, 1u));
+        if (!row->data)
+                return -ENOMEM;
+        if (!compressed) {
+                if (stored_len > 0)
+                        memcpy(row->data, stored, stored_len);
+                row->data_len = stored_len;
+                return 0;
+        }
+        n = ZSTD_decompressDCtx(v->dctx, row->data, INLINE_MAX, stored, stored_len);
+        if (ZSTD_isError(n))
+                return -EIO;
+        row->data_len = n;
+        return 0;
+}
+
+static int inode_from_stmt(Volume *v, sqlite3_stmt *st, uint64_t ino, size_t layer, InodeRow *ret) {
         *ret = (InodeRow) {
                 .ino = ino,
                 .mode = (mode_t) sqlite3_column_int(st, 0),
@@ -492,15 +516,10 @@ static void inode_from_stmt(sqlite3_stmt *st, uint64_t ino, size_t layer, InodeR
                 .lower_limit = (uint64_t) sqlite3_column_int64(st, 10),
                 .layer = layer,
         };
-        if (sqlite3_column_type(st, 11) != SQLITE_NULL) {
-                data = sqlite3_column_blob(st, 11);
-                len = sqlite3_column_bytes(st, 11);
-                ret->has_data = true;
-                ret->data_len = (size_t) len;
-                ret->data = malloc(MAX(len, 1));
-                if (ret->data && len > 0)
-                        memcpy(ret->data, data, (size_t) len);
-        }
+        if (sqlite3_column_type(st, 11) == SQLITE_NULL)
+                return 0;
+        return inline_decode(v, sqlite3_column_blob(st, 11), (size_t) sqlite3_column_bytes(st, 11),
+                             sqlite3_column_int(st, 12) != 0, ret);
 }
 
 int inode_get(Volume *v, uint64_t ino, InodeRow *ret) {
@@ -514,11 +533,11 @@ int inode_get(Volume *v, uint64_t ino, InodeRow *ret) {
                 sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
                 r = sqlite_step_row(st);
                 if (r > 0) {
-                        inode_from_stmt(st, ino, i, ret);
+                        r = inode_from_stmt(v, st, ino, i, ret);
                         sqlite3_reset(st);
-                        if (ret->has_data && !ret->data)
-                                return -ENOMEM;
-                        return 0;
+                        if (r < 0)
+                                inode_row_clear(ret);
+                        return r;
                 }
                 sqlite3_reset(st);
                 if (r < 0)
@@ -547,11 +566,25 @@ int inode_put(Volume *v, const InodeRow *row) {
         sqlite3_bind_int64(st, 10, row->ctime_ns);
         sqlite3_bind_int64(st, 11, (sqlite3_int64) row->parent);
         sqlite3_bind_int64(st, 12, (sqlite3_int64) row->lower_limit);
-        if (row->has_data)
-                sqlite3_bind_blob(st, 13, row->data_len > 0 ? (const void *) row->data : "", (int) row->data_len,
-                                  SQLITE_STATIC);
-        else
+        if (row->has_data) {
+                size_t n = 0;
+
+                if (S_ISREG(row->mode) && row->data_len >= 64) {
+                        n = ZSTD_compressCCtx(v->cctx, v->inline_scratch, ZSTD_COMPRESSBOUND(INLINE_MAX),
+                                              row->data, row->data_len, INLINE_ZSTD_LEVEL);
+                        if (ZSTD_isError(n) || n > row->data_len - row->data_len / 8)
+                                n = 0;
+                }
+                if (n > 0)
+                        sqlite3_bind_blob(st, 13, v->inline_scratch, (int) n, SQLITE_STATIC);
+                else
+                        sqlite3_bind_blob(st, 13, row->data_len > 0 ? (const void *) row->data : "",
+                                          (int) row->data_len, SQLITE_STATIC);
+                sqlite3_bind_int(st, 14, n > 0);
+        } else {
                 sqlite3_bind_null(st, 13);
+                sqlite3_bind_int(st, 14, 0);
+        }
         r = sqlite_step_done(st);
         sqlite3_clear_bindings(st);
         if (r < 0)

@@ -85,6 +85,10 @@ def run():
             r = t.run_command(['ninja', '-C', build, '-n', '-d', 'explain'], timeout=300)
             t.check('no work to do' in r.out, f'a second ninja run would rebuild:\n{r.describe()}')
 
+            r = t.run_command(['meson', 'test', '-C', build, '--suite', 'unit', '--print-errorlogs'],
+                              env=env, timeout=600, expect=None)
+            t.check(r.code == 0, f'the unit tests built in the mounted snapshot failed:\n{r.describe()}')
+
             tool = find_tool(build)
             t.check(os.stat(tool).st_mode & stat.S_IXUSR, f'{tool} is not executable')
             r = t.run_command([tool, '--version'])
