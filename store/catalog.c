@@ -315,30 +315,6 @@ int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder) {
         return 0;
 }
 
-static int collect_ids(sqlite3_stmt *st, uint64_t **ret_ids, size_t *ret_n) {
-        _cleanup_free_ uint64_t *ids = NULL;
-        size_t n = 0, allocated = 0;
-        int r;
-
-        while ((r = sqlite_step_row(st)) > 0) {
-                if (n == allocated) {
-                        uint64_t *p;
-
-                        allocated = MAX(allocated * 2, 16u);
-                        p = realloc(ids, allocated * sizeof *ids);
-                        if (!p)
-                                return -ENOMEM;
-                        ids = p;
-                }
-                ids[n++] = (uint64_t) sqlite3_column_int64(st, 0);
-        }
-        if (r < 0)
-                return r;
-        *ret_ids = TAKE_PTR(ids);
-        *ret_n = n;
-        return 0;
-}
-
 int catalog_dead_layers(Store *s, uint64_t **ret_ids, size_t *ret_n) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         int r;
@@ -347,7 +323,7 @@ int catalog_dead_layers(Store *s, uint64_t **ret_ids, size_t *ret_n) {
         r = sqlite_prepare(s->catalog, LIVE_LAYERS_CTE "SELECT id FROM layers WHERE id NOT IN live", &st);
         if (r < 0)
                 return r;
-        return collect_ids(st, ret_ids, ret_n);
+        return sqlite_collect_ids(st, ret_ids, ret_n);
 }
 
 int catalog_live_layers(Store *s, uint64_t **ret_ids, size_t *ret_n) {
@@ -358,7 +334,7 @@ int catalog_live_layers(Store *s, uint64_t **ret_ids, size_t *ret_n) {
         r = sqlite_prepare(s->catalog, LIVE_LAYERS_CTE "SELECT layer FROM live", &st);
         if (r < 0)
                 return r;
-        return collect_ids(st, ret_ids, ret_n);
+        return sqlite_collect_ids(st, ret_ids, ret_n);
 }
 
 int catalog_layer_users(Store *s, uint64_t layer, int64_t *ret) {

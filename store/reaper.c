@@ -41,24 +41,34 @@ static int flock_retry(int fd, int op) {
         return 0;
 }
 
-int gc_lock_shared(Store *s, int *ret_fd) {
-        _cleanup_close_ int intent = -EBADF, fd = -EBADF;
+/* Takes gc-intent, then gc, both with op (LOCK_SH or LOCK_EX). */
+static int gc_locks_take(Store *s, int op, int *ret_intent, int *ret_gc) {
+        _cleanup_close_ int intent = -EBADF, gc = -EBADF;
         int r;
 
         intent = open_lock(s, "gc-intent.lock");
         if (intent < 0)
                 return intent;
-        r = flock_retry(intent, LOCK_SH);
+        r = flock_retry(intent, op);
         if (r < 0)
                 return r;
-        fd = open_lock(s, "gc.lock");
-        if (fd < 0)
-                return fd;
-        r = flock_retry(fd, LOCK_SH);
+        gc = open_lock(s, "gc.lock");
+        if (gc < 0)
+                return gc;
+        r = flock_retry(gc, op);
         if (r < 0)
                 return r;
-        *ret_fd = TAKE_FD(fd);
+        *ret_intent = TAKE_FD(intent);
+        *ret_gc = TAKE_FD(gc);
         return 0;
+}
+
+int gc_lock_shared(Store *s, int *ret_fd) {
+        _cleanup_close_ int intent = -EBADF;
+
+        /* The intent lock is only passed through: a waiting reaper holds it
+         * exclusively and so keeps new writers out until it has run. */
+        return gc_locks_take(s, LOCK_SH, &intent, ret_fd);
 }
 
 void gc_unlock(int *fd) {
@@ -333,28 +343,17 @@ static int sweep_blocks(Store *s, const DigestSet *live, StoreReapStats *stats) 
 /* Packs without live blocks that no writer holds. */
 static int remove_empty_packs(Store *s) {
         _cleanup_free_ uint64_t *ids = NULL;
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
-        size_t n = 0, allocated = 0;
+        size_t n = 0;
         int r;
 
         {
+                _cleanup_stmt_ sqlite3_stmt *st = NULL;
+
                 CATALOG_LOCKED(s);
                 r = sqlite_prepare(s->catalog,
                                    "SELECT id FROM packs WHERE id NOT IN (SELECT DISTINCT pack FROM blocks)", &st);
-                if (r < 0)
-                        return r;
-                while ((r = sqlite_step_row(st)) > 0) {
-                        if (n == allocated) {
-                                uint64_t *p;
-
-                                allocated = MAX(allocated * 2, 16u);
-                                p = realloc(ids, allocated * sizeof *p);
-                                if (!p)
-                                        return -ENOMEM;
-                                ids = p;
-                        }
-                        ids[n++] = (uint64_t) sqlite3_column_int64(st, 0);
-                }
+                if (r >= 0)
+                        r = sqlite_collect_ids(st, &ids, &n);
                 if (r < 0)
                         return r;
         }
@@ -389,16 +388,7 @@ static int collect_garbage(Store *s, StoreReapStats *stats) {
         size_t n = 0;
         int r;
 
-        intent = open_lock(s, "gc-intent.lock");
-        if (intent < 0)
-                return intent;
-        r = flock_retry(intent, LOCK_EX);
-        if (r < 0)
-                return r;
-        gc = open_lock(s, "gc.lock");
-        if (gc < 0)
-                return gc;
-        r = flock_retry(gc, LOCK_EX);
+        r = gc_locks_take(s, LOCK_EX, &intent, &gc);
         if (r < 0)
                 return r;
 

@@ -96,6 +96,42 @@ int sqlite_query_int(sqlite3 *db, const char *sql, int64_t *ret_value) {
         return 0;
 }
 
+int sqlite_prepare_all(sqlite3 *db, const PreparedQuery *queries, size_t n, void *base) {
+        for (size_t i = 0; i < n; i++) {
+                int r = sqlite_prepare(db, queries[i].sql, (sqlite3_stmt **) ((uint8_t *) base + queries[i].offset));
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+int sqlite_collect_ids(sqlite3_stmt *st, uint64_t **ret_ids, size_t *ret_n) {
+        _cleanup_free_ uint64_t *ids = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        while ((r = sqlite_step_row(st)) > 0) {
+                if (n == allocated) {
+                        uint64_t *p;
+
+                        allocated = MAX(allocated * 2, 16u);
+                        p = realloc(ids, allocated * sizeof *ids);
+                        if (!p) {
+                                (void) sqlite3_reset(st);
+                                return -ENOMEM;
+                        }
+                        ids = p;
+                }
+                ids[n++] = (uint64_t) sqlite3_column_int64(st, 0);
+        }
+        (void) sqlite3_reset(st);
+        if (r < 0)
+                return r;
+        *ret_ids = TAKE_PTR(ids);
+        *ret_n = n;
+        return 0;
+}
+
 int sqlite_begin(sqlite3 *db) {
         return sqlite_exec(db, "BEGIN IMMEDIATE");
 }

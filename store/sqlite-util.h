@@ -39,6 +39,17 @@ int sqlite_step_row(sqlite3_stmt *st);
 /* Runs a query that returns one integer; ret_value untouched if no row. */
 int sqlite_query_int(sqlite3 *db, const char *sql, int64_t *ret_value);
 
+/* A statement to prepare into the struct at base + offset. */
+typedef struct PreparedQuery {
+        size_t offset;
+        const char *sql;
+} PreparedQuery;
+
+int sqlite_prepare_all(sqlite3 *db, const PreparedQuery *queries, size_t n, void *base);
+
+/* Steps a statement and collects its first column's integers. */
+int sqlite_collect_ids(sqlite3_stmt *st, uint64_t **ret_ids, size_t *ret_n);
+
 int sqlite_begin(sqlite3 *db);
 int sqlite_commit(sqlite3 *db);
 void sqlite_rollback(sqlite3 *db);

@@ -32,13 +32,11 @@ typedef struct TopStatements {
         sqlite3_stmt *delete_dentry;
         sqlite3_stmt *delete_dentries_of;
         sqlite3_stmt *put_extent;
-        sqlite3_stmt *delete_extent;
         sqlite3_stmt *list_extents_from;
         sqlite3_stmt *delete_extents_from;
         sqlite3_stmt *put_xattr;
         sqlite3_stmt *delete_xattr;
         sqlite3_stmt *delete_xattrs_of;
-        sqlite3_stmt *copy_xattrs;
         sqlite3_stmt *get_blockref;
         sqlite3_stmt *put_blockref;
         sqlite3_stmt *delete_blockref;

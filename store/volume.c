@@ -57,10 +57,7 @@ static void top_finalize(Volume *v) {
 }
 
 static int layer_prepare(VolumeLayer *l) {
-        static const struct {
-                size_t offset;
-                const char *sql;
-        } queries[] = {
+        static const PreparedQuery queries[] = {
                 { offsetof(VolumeLayer, get_inode),
                   "SELECT mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, parent, lower_limit, data, "
                   "data_zstd "
@@ -73,21 +70,12 @@ static int layer_prepare(VolumeLayer *l) {
                 { offsetof(VolumeLayer, get_xattr), "SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2" },
                 { offsetof(VolumeLayer, list_xattrs), "SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name" },
         };
-        int r;
 
-        for (size_t i = 0; i < ELEMENTSOF(queries); i++) {
-                r = sqlite_prepare(l->db, queries[i].sql, (sqlite3_stmt **) ((uint8_t *) l + queries[i].offset));
-                if (r < 0)
-                        return r;
-        }
-        return 0;
+        return sqlite_prepare_all(l->db, queries, ELEMENTSOF(queries), l);
 }
 
 static int top_prepare(Volume *v) {
-        static const struct {
-                size_t offset;
-                const char *sql;
-        } queries[] = {
+        static const PreparedQuery queries[] = {
                 { offsetof(TopStatements, put_inode),
                   "INSERT OR REPLACE INTO inodes(ino, mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, "
                   "parent, lower_limit, data, data_zstd) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)" },
@@ -98,7 +86,6 @@ static int top_prepare(Volume *v) {
                 { offsetof(TopStatements, delete_dentries_of), "DELETE FROM dentries WHERE parent = ?1" },
                 { offsetof(TopStatements, put_extent),
                   "INSERT OR REPLACE INTO extents(ino, idx, digest, len) VALUES (?1, ?2, ?3, ?4)" },
-                { offsetof(TopStatements, delete_extent), "DELETE FROM extents WHERE ino = ?1 AND idx = ?2" },
                 { offsetof(TopStatements, list_extents_from),
                   "SELECT digest FROM extents WHERE ino = ?1 AND idx >= ?2 AND digest IS NOT NULL" },
                 { offsetof(TopStatements, delete_extents_from), "DELETE FROM extents WHERE ino = ?1 AND idx >= ?2" },
@@ -106,7 +93,6 @@ static int top_prepare(Volume *v) {
                   "INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)" },
                 { offsetof(TopStatements, delete_xattr), "DELETE FROM xattrs WHERE ino = ?1 AND name = ?2" },
                 { offsetof(TopStatements, delete_xattrs_of), "DELETE FROM xattrs WHERE ino = ?1" },
-                { offsetof(TopStatements, copy_xattrs), "INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)" },
                 { offsetof(TopStatements, get_blockref), "SELECT refs FROM blockrefs WHERE digest = ?1" },
                 { offsetof(TopStatements, put_blockref),
                   "INSERT OR REPLACE INTO blockrefs(digest, refs, stored_len) VALUES (?1, ?2, ?3)" },
@@ -115,12 +101,9 @@ static int top_prepare(Volume *v) {
         };
         int r;
 
-        for (size_t i = 0; i < ELEMENTSOF(queries); i++) {
-                r = sqlite_prepare(v->layers[0].db, queries[i].sql,
-                                   (sqlite3_stmt **) ((uint8_t *) &v->top + queries[i].offset));
-                if (r < 0)
-                        return r;
-        }
+        r = sqlite_prepare_all(v->layers[0].db, queries, ELEMENTSOF(queries), &v->top);
+        if (r < 0)
+                return r;
         v->top_prepared = true;
         return 0;
 }
@@ -276,7 +259,7 @@ static void *committer_main(void *userdata) {
  * the previous server stopped or died. */
 static int purge_orphans(Volume *v) {
         _cleanup_free_ uint64_t *inos = NULL;
-        size_t n = 0, allocated = 0;
+        size_t n = 0;
         int r;
 
         if (!v->layers[0].db)
@@ -286,21 +269,7 @@ static int purge_orphans(Volume *v) {
                 if (r < 0)
                         return r;
         }
-        while ((r = sqlite_step_row(v->top.list_orphans)) > 0) {
-                if (n == allocated) {
-                        uint64_t *p;
-
-                        allocated = MAX(allocated * 2, 16u);
-                        p = realloc(inos, allocated * sizeof *p);
-                        if (!p) {
-                                sqlite3_reset(v->top.list_orphans);
-                                return -ENOMEM;
-                        }
-                        inos = p;
-                }
-                inos[n++] = (uint64_t) sqlite3_column_int64(v->top.list_orphans, 0);
-        }
-        sqlite3_reset(v->top.list_orphans);
+        r = sqlite_collect_ids(v->top.list_orphans, &inos, &n);
         if (r < 0)
                 return r;
 
@@ -603,7 +572,7 @@ static int xattrs_copy_up(Volume *v, uint64_t ino, size_t from_layer) {
                 return r;
         sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
         while ((r = sqlite_step_row(st)) > 0) {
-                sqlite3_stmt *put = v->top.copy_xattrs;
+                sqlite3_stmt *put = v->top.put_xattr;
 
                 sqlite3_bind_int64(put, 1, (sqlite3_int64) ino);
                 sqlite3_bind_blob(put, 2, sqlite3_column_blob(st, 0), sqlite3_column_bytes(st, 0), SQLITE_TRANSIENT);

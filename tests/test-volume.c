@@ -298,7 +298,6 @@ static void test_whiteouts_and_fold(Store *s) {
         CHECK(stats.subvolumes_forgotten == 5);
         CHECK(stats.layers_folded > 0);
         CHECK_OK(store_subvolume_show(s, "w", &info));
-        fprintf(stderr, "depth after reap: %u\n", info.depth);
         CHECK(info.depth <= 2);
         store_subvolume_info_clear(&info);
         CHECK(listing_size(s, "w") == 5);
