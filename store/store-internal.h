@@ -44,6 +44,14 @@ typedef struct Digest {
 
 void digest_to_hex(const Digest *d, char ret[static 33]);
 
+typedef struct SpaceGuard {
+        pthread_mutex_t lock;
+        uint64_t free_bytes;    /* of the host file system, at the last look */
+        uint64_t total_bytes;
+        uint64_t checked_usec;
+        uint64_t held_bytes;    /* accepted by this process, not yet stored */
+} SpaceGuard;
+
 struct Store {
         char *path;
         int dir_fd;
@@ -59,6 +67,7 @@ struct Store {
         char uuid[37];
 
         struct Packs *packs;
+        SpaceGuard space;
 };
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(Store *, store_close);
@@ -216,6 +225,19 @@ typedef struct __attribute__((packed)) PackRecordHeader {
 /* Verifies a record read at its location; decompresses into buf. */
 int pack_record_decode(Store *s, const void *record, size_t record_len, const Digest *expect,
                        void *buf, const char **ret_reason);
+
+/* ---- space.c ---- */
+typedef enum SpaceUse {
+        SPACE_DATA,             /* file contents: must leave the whole margin */
+        SPACE_METADATA,         /* new names, xattrs: may use half of it */
+        SPACE_CLEANUP,          /* unlink, truncate, delete: always allowed */
+} SpaceUse;
+
+/* -ENOSPC if bytes more would eat into the margin kept for use. */
+int space_check(Store *s, uint64_t bytes, SpaceUse use);
+void space_hold(Store *s, uint64_t bytes);
+void space_release(Store *s, uint64_t bytes);
+uint64_t space_margin(Store *s);
 
 /* ---- fold.c ---- */
 int fold_layers(Store *s, StoreReapStats *stats);

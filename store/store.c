@@ -248,6 +248,7 @@ int store_open(const char *path, Store **ret) {
                 pthread_mutex_init(&s->catalog_lock, &attr);
                 pthread_mutexattr_destroy(&attr);
         }
+        pthread_mutex_init(&s->space.lock, NULL);
         s->path = strdup(path);
         if (!s->path)
                 return -ENOMEM;
@@ -295,6 +296,7 @@ Store *store_close(Store *s) {
         safe_close(s->packs_fd);
         safe_close(s->dir_fd);
         pthread_mutex_destroy(&s->catalog_lock);
+        pthread_mutex_destroy(&s->space.lock);
         free(s->path);
         free(s);
         return NULL;

@@ -28,6 +28,15 @@ static DirtyBlock *dirty_find(Volume *v, uint64_t ino, uint64_t idx) {
         return NULL;
 }
 
+/* Unlinks nothing: the caller has taken b out of its bucket. */
+static void dirty_free(Volume *v, DirtyBlock *b) {
+        free(b);
+        v->n_dirty--;
+        space_release(v->store, STORE_BLOCK_SIZE);
+}
+
+/* The caller checked the space (or is cleaning up); the block holds it
+ * until it is stored or dropped. */
 static DirtyBlock *dirty_new(Volume *v, uint64_t ino, uint64_t idx) {
         size_t h = dirty_bucket(ino, idx);
         DirtyBlock *b;
@@ -40,6 +49,7 @@ static DirtyBlock *dirty_new(Volume *v, uint64_t ino, uint64_t idx) {
         b->next = v->dirty[h];
         v->dirty[h] = b;
         v->n_dirty++;
+        space_hold(v->store, STORE_BLOCK_SIZE);
         return b;
 }
 
@@ -54,8 +64,7 @@ void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx) {
 
                         if (ino == 0 || (b->ino == ino && b->idx >= first_idx)) {
                                 *p = b->next;
-                                free(b);
-                                v->n_dirty--;
+                                dirty_free(v, b);
                         } else
                                 p = &b->next;
                 }
@@ -89,8 +98,7 @@ static void data_forget_dirty_one(Volume *v, uint64_t ino, uint64_t idx) {
                         DirtyBlock *b = *p;
 
                         *p = b->next;
-                        free(b);
-                        v->n_dirty--;
+                        dirty_free(v, b);
                         return;
                 }
 }
@@ -165,8 +173,7 @@ int data_flush_all(Volume *v) {
                         if (r < 0)
                                 return r;
                         v->dirty[h] = b->next;
-                        free(b);
-                        v->n_dirty--;
+                        dirty_free(v, b);
                 }
         return 0;
 }
@@ -280,6 +287,20 @@ static int blocks_write(Volume *v, const InodeRow *row, const uint8_t *in, size_
         return 0;
 }
 
+/* Space for what the write adds: inline bytes, or the blocks it makes dirty. */
+static int write_check_space(Volume *v, const InodeRow *row, uint64_t offset, uint64_t end) {
+        uint64_t needed = 0;
+
+        if (row->has_data && end <= INLINE_MAX)
+                return space_check(v->store, end > row->data_len ? end - row->data_len : 0, SPACE_METADATA);
+        if (row->has_data && row->data_len > 0)
+                needed += STORE_BLOCK_SIZE; /* block 0 takes the inline bytes */
+        for (uint64_t idx = offset / STORE_BLOCK_SIZE; idx <= (end - 1) / STORE_BLOCK_SIZE; idx++)
+                if (!dirty_find(v, row->ino, idx))
+                        needed += STORE_BLOCK_SIZE;
+        return space_check(v->store, needed, SPACE_DATA);
+}
+
 ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint64_t offset) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         uint64_t end = offset + size;
@@ -300,6 +321,10 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
         if (size == 0)
                 return 0;
         old_size = row.size;
+
+        r = write_check_space(v, &row, offset, end);
+        if (r < 0)
+                return r;
 
         if (row.has_data && end <= INLINE_MAX) {
                 r = inline_resize(&row, (size_t) MAX(end, (uint64_t) row.data_len));

@@ -74,6 +74,10 @@ struct Volume {
         LayerCounters counters;
         bool in_transaction;
         bool changed;
+        /* A commit failed and SQLite rolled the transaction back: what the
+         * kernel was told no longer matches the layer. Everything fails
+         * with EIO until the volume is opened again. */
+        bool failed;
 
         DirtyBlock *dirty[DIRTY_BUCKETS];
         size_t n_dirty;

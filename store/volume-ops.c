@@ -12,6 +12,9 @@
 #include "sqlite-util.h"
 #include "volume-internal.h"
 
+/* What a new name or xattr may take in the layer's database and journal. */
+#define METADATA_COST 1024u
+
 static int check_name(const char *name) {
         size_t n;
 
@@ -141,6 +144,9 @@ static int inode_create(Volume *v, uint64_t parent, const char *name, mode_t mod
         r = check_name(name);
         if (r < 0)
                 return r;
+        r = space_check(v->store, METADATA_COST + (data ? strlen(data) : 0), SPACE_METADATA);
+        if (r < 0)
+                return r;
         r = volume_ensure_top(v);
         if (r < 0)
                 return r;
@@ -262,6 +268,9 @@ int volume_link(Volume *v, uint64_t ino, uint64_t newparent, const char *newname
                 return r;
 
         MUTEX_LOCKED(&v->lock);
+        r = space_check(v->store, METADATA_COST, SPACE_METADATA);
+        if (r < 0)
+                return r;
         r = volume_ensure_top(v);
         if (r < 0)
                 return r;
@@ -582,6 +591,9 @@ int volume_setxattr(Volume *v, uint64_t ino, const char *name, const void *value
                 return -EOPNOTSUPP;
 
         MUTEX_LOCKED(&v->lock);
+        r = space_check(v->store, METADATA_COST + size, SPACE_METADATA);
+        if (r < 0)
+                return r;
         r = inode_get_for_write(v, ino, &row);
         if (r < 0)
                 return r;

@@ -173,6 +173,8 @@ int volume_ensure_top(Volume *v) {
 
         if (!v->writable)
                 return -EROFS;
+        if (v->failed)
+                return -EIO;
         if (!top->db) {
                 r = layer_create(v->store, top->id, &v->counters, false, &top->db);
                 if (r < 0)
@@ -223,8 +225,13 @@ int volume_commit_locked(Volume *v) {
         if (r < 0)
                 return r;
         r = sqlite_commit(v->layers[0].db);
-        if (r < 0)
+        if (r < 0) {
+                if (sqlite3_get_autocommit(v->layers[0].db)) {
+                        v->in_transaction = false;
+                        v->failed = true;
+                }
                 return r;
+        }
         v->in_transaction = false;
         v->changed = false;
         gc_unlock(&v->gc_fd);
@@ -493,6 +500,9 @@ static int inode_from_stmt(Volume *v, sqlite3_stmt *st, uint64_t ino, size_t lay
 
 int inode_get(Volume *v, uint64_t ino, InodeRow *ret) {
         int r;
+
+        if (v->failed)
+                return -EIO;
 
         for (size_t i = 0; i < v->n_layers; i++) {
                 sqlite3_stmt *st = v->layers[i].get_inode;
