@@ -272,6 +272,24 @@ static int lock_file_name(uint64_t id, char ret[static 32]) {
         return 0;
 }
 
+/* A process that is dying (or dead and not yet reaped) still holds its
+ * locks until its last thread is gone. */
+static bool process_is_exiting(pid_t pid) {
+        _cleanup_fclose_ FILE *f = NULL;
+        char path[64], state = 0;
+
+        snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
+        f = fopen(path, "re");
+        if (!f)
+                return true;
+        if (fscanf(f, "%*d (%*[^)]) %c", &state) != 1)
+                return false;
+        return state == 'Z' || state == 'X';
+}
+
+#define LOCK_EXITING_WAIT_USEC 2000000
+#define LOCK_RETRY_USEC 10000
+
 int subvolume_lock(Store *s, uint64_t id, bool exclusive, pid_t *ret_holder) {
         _cleanup_close_ int fd = -EBADF;
         char name[32], pid[24];
@@ -281,12 +299,23 @@ int subvolume_lock(Store *s, uint64_t id, bool exclusive, pid_t *ret_holder) {
         fd = openat(s->locks_fd, name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
         if (fd < 0)
                 return -errno;
-        if (flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) < 0) {
+        for (unsigned waited = 0;; waited += LOCK_RETRY_USEC) {
+                pid_t holder = 0;
+
+                if (flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) >= 0)
+                        break;
                 if (errno != EWOULDBLOCK)
                         return -errno;
-                if (ret_holder && read_pid_file(s->locks_fd, name, ret_holder) < 0)
-                        *ret_holder = 0;
-                return -EBUSY;
+                if (read_pid_file(s->locks_fd, name, &holder) < 0)
+                        holder = 0;
+                /* The holder was killed and is on its way out: a remount
+                 * straight after a crash waits for it rather than fail. */
+                if (holder <= 0 || !process_is_exiting(holder) || waited >= LOCK_EXITING_WAIT_USEC) {
+                        if (ret_holder)
+                                *ret_holder = holder;
+                        return -EBUSY;
+                }
+                (void) usleep(LOCK_RETRY_USEC);
         }
 
         /* The holder's pid is for messages only; the lock itself is the flock. */
@@ -391,5 +420,43 @@ int catalog_metadata_bytes(Store *s, uint64_t *ret_bytes, uint64_t *ret_layers) 
                         total += (uint64_t) st.st_blocks * 512;
         *ret_bytes = total;
         *ret_layers = n;
+        return 0;
+}
+
+int catalog_list_blocks(Store *s, BlockRow **ret, size_t *ret_n) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_free_ BlockRow *rows = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT digest, pack, offset, stored_len, raw_len FROM blocks ORDER BY pack, offset", &st);
+        if (r < 0)
+                return r;
+        while ((r = sqlite_step_row(st)) > 0) {
+                if (sqlite3_column_bytes(st, 0) != sizeof(Digest))
+                        continue;
+                if (n == allocated) {
+                        BlockRow *p;
+
+                        allocated = MAX(allocated * 2, 1024u);
+                        p = realloc(rows, allocated * sizeof *p);
+                        if (!p)
+                                return -ENOMEM;
+                        rows = p;
+                }
+                memcpy(rows[n].digest.bytes, sqlite3_column_blob(st, 0), sizeof(Digest));
+                rows[n].loc = (BlockLocation) {
+                        .pack = (uint64_t) sqlite3_column_int64(st, 1),
+                        .offset = (uint64_t) sqlite3_column_int64(st, 2),
+                        .stored_len = (uint32_t) sqlite3_column_int(st, 3),
+                        .raw_len = (uint32_t) sqlite3_column_int(st, 4),
+                };
+                n++;
+        }
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(rows);
+        *ret_n = n;
         return 0;
 }

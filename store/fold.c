@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 
 /*
- * Layer folding keeps stacks shallow. A layer L with a single child C, that
- * is nobody's top, is merged with C into a new layer M = L + C (C's rows win)
+ * Layer folding keeps stacks shallow and gives back the space of data that
+ * only hidden rows still reference. A layer L with a single child C, that is
+ * nobody's top, is merged with C into a new layer M = L + C (C's rows win)
  * that takes C's place; L and C then become unreachable and are dropped.
- * Both are frozen, so nobody writes them meanwhile; servers that still have
- * the old stack open keep reading the old files, which stay valid while
- * open.
+ * Nobody writes L or C meanwhile: a frozen C never changes, and a writable
+ * top C is folded only while its subvolume's lock is ours. Servers that
+ * still have the old stack open keep reading the old files, which stay
+ * valid while open.
  */
 
 #include <errno.h>
@@ -22,32 +24,50 @@ typedef struct FoldCandidate {
         uint64_t lower;
         uint64_t upper;
         uint64_t parent;        /* the lower's parent, 0 for none */
+        uint64_t writer;        /* the subvolume whose writable top the upper is, 0 for none */
 } FoldCandidate;
 
-static int find_candidate(Store *s, FoldCandidate *ret) {
+/* Layers with a single child that are nobody's top, with that child. */
+static int find_candidates(Store *s, FoldCandidate **ret, size_t *ret_n) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_free_ FoldCandidate *list = NULL;
+        size_t n = 0, allocated = 0;
         int r;
 
         CATALOG_LOCKED(s);
         r = sqlite_prepare(s->catalog,
-                           "SELECT l.id, c.id, coalesce(l.parent, 0) FROM layers l JOIN layers c ON c.parent = l.id "
+                           "SELECT l.id, c.id, coalesce(l.parent, 0),"
+                           "  coalesce((SELECT id FROM subvolumes WHERE top_layer = c.id AND readonly = 0), 0) "
+                           "FROM layers l JOIN layers c ON c.parent = l.id "
                            "WHERE (SELECT count(*) FROM layers x WHERE x.parent = l.id) = 1"
                            "  AND l.id NOT IN (SELECT top_layer FROM subvolumes)"
-                           "  AND c.id NOT IN (SELECT top_layer FROM subvolumes WHERE readonly = 0)"
                            "  AND c.id IN (SELECT top_layer FROM subvolumes UNION SELECT parent FROM layers) "
-                           "ORDER BY l.id LIMIT 1",
+                           "ORDER BY l.id",
                            &st);
         if (r < 0)
                 return r;
-        r = sqlite_step_row(st);
-        if (r <= 0)
+        while ((r = sqlite_step_row(st)) > 0) {
+                if (n == allocated) {
+                        FoldCandidate *p;
+
+                        allocated = MAX(allocated * 2, 8u);
+                        p = realloc(list, allocated * sizeof *p);
+                        if (!p)
+                                return -ENOMEM;
+                        list = p;
+                }
+                list[n++] = (FoldCandidate) {
+                        .lower = (uint64_t) sqlite3_column_int64(st, 0),
+                        .upper = (uint64_t) sqlite3_column_int64(st, 1),
+                        .parent = (uint64_t) sqlite3_column_int64(st, 2),
+                        .writer = (uint64_t) sqlite3_column_int64(st, 3),
+                };
+        }
+        if (r < 0)
                 return r;
-        *ret = (FoldCandidate) {
-                .lower = (uint64_t) sqlite3_column_int64(st, 0),
-                .upper = (uint64_t) sqlite3_column_int64(st, 1),
-                .parent = (uint64_t) sqlite3_column_int64(st, 2),
-        };
-        return 1;
+        *ret = TAKE_PTR(list);
+        *ret_n = n;
+        return 0;
 }
 
 static int copy_file(const char *from, const char *to) {
@@ -195,6 +215,7 @@ static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
                 if (r < 0)
                         return r;
         }
+        /* Nobody else has M open: it is not in the catalog yet. */
         return sqlite_exec(db, "PRAGMA journal_mode=DELETE");
 }
 
@@ -235,31 +256,66 @@ static int swap_in(Store *s, const FoldCandidate *fc, uint64_t merged) {
         return r;
 }
 
+/* Folds one pair. A writable top is folded only while nobody serves its
+ * subvolume: its lock is held until the catalog names the merged layer. */
+static int fold_one(Store *s, const FoldCandidate *fc, StoreReapStats *stats) {
+        _cleanup_close_ int lock = -EBADF;
+        uint64_t merged;
+        int r;
+
+        if (fc->writer != 0) {
+                lock = subvolume_lock(s, fc->writer, true, NULL);
+                if (lock == -EBUSY)
+                        return 0;
+                if (lock < 0)
+                        return lock;
+        }
+        /* The upper is read immutable below: no WAL may hold part of it (a
+         * server that died leaves its last changes there). */
+        r = layer_seal(s, fc->upper);
+        if (r == -EBUSY)
+                return 0;
+        if (r < 0)
+                return r;
+
+        /* M's row exists, unreachable, before its file: a crash leaves a
+         * dead layer that the next reap drops. */
+        r = new_layer_row(s, fc->parent, &merged);
+        if (r < 0)
+                return r;
+        r = build_merged(s, fc, merged);
+        if (r >= 0)
+                r = swap_in(s, fc, merged);
+        if (r < 0) {
+                (void) layer_unlink(s, merged);
+                return r;
+        }
+        stats->bytes_freed += layer_file_bytes(s, fc->lower) + layer_file_bytes(s, fc->upper);
+        (void) layer_unlink(s, fc->lower);
+        (void) layer_unlink(s, fc->upper);
+        stats->layers_folded++;
+        return 1;
+}
+
 int fold_layers(Store *s, StoreReapStats *stats) {
-        for (;;) {
-                FoldCandidate fc;
-                uint64_t merged;
+        bool folded;
+
+        /* Each fold changes the tree: look again until a pass folds nothing. */
+        do {
+                _cleanup_free_ FoldCandidate *list = NULL;
+                size_t n = 0;
                 int r;
 
-                r = find_candidate(s, &fc);
-                if (r <= 0)
-                        return r;
-
-                /* M's row exists, unreachable, before its file: a crash
-                 * leaves a dead layer that the next reap drops. */
-                r = new_layer_row(s, fc.parent, &merged);
+                r = find_candidates(s, &list, &n);
                 if (r < 0)
                         return r;
-                r = build_merged(s, &fc, merged);
-                if (r >= 0)
-                        r = swap_in(s, &fc, merged);
-                if (r < 0) {
-                        (void) layer_unlink(s, merged);
-                        return r;
+                folded = false;
+                for (size_t i = 0; i < n && !folded; i++) {
+                        r = fold_one(s, &list[i], stats);
+                        if (r < 0)
+                                return r;
+                        folded = r > 0;
                 }
-                stats->bytes_freed += layer_file_bytes(s, fc.lower) + layer_file_bytes(s, fc.upper);
-                (void) layer_unlink(s, fc.lower);
-                (void) layer_unlink(s, fc.upper);
-                stats->layers_folded++;
-        }
+        } while (folded);
+        return 0;
 }

@@ -567,7 +567,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 }
 
 static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi) {
-        reply_status(req, volume_sync(server_of(req)->volume));
+        reply_status(req, volume_fsync(server_of(req)->volume, ino));
 }
 
 static int do_fallocate(Server *srv, fuse_ino_t ino, int mode, off_t offset, off_t length) {

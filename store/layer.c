@@ -12,6 +12,10 @@
 #include "sqlite-util.h"
 #include "store-internal.h"
 
+/* How long a seal waits for readers of the layer to go: 5 s. */
+#define SEAL_ATTEMPTS 500
+#define SEAL_RETRY_USEC 10000
+
 /* dentries with ino 0 are whiteouts hiding a name of a lower layer; extents
  * with a NULL digest are holes hiding a lower layer's block; lower_limit is
  * the offset from which the lower layers' extents of an inode no longer
@@ -175,6 +179,8 @@ fail:
         return r;
 }
 
+static bool layer_has_wal(Store *s, uint64_t id);
+
 int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret) {
         _cleanup_free_ char *path = NULL, *uri = NULL;
         int r;
@@ -188,11 +194,18 @@ int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret) {
         if (r < 0)
                 return r;
 
+        /* A frozen layer is sealed before it is frozen; should a WAL be
+         * left all the same, immutable would ignore it: read it normally. */
+        if (mode == LAYER_READ_FROZEN && layer_has_wal(s, id))
+                mode = LAYER_READ;
+
         switch (mode) {
         case LAYER_WRITE:
                 return sqlite_open(path, SQLITE_OPEN_READWRITE, true, ret);
         case LAYER_READ:
-                return sqlite_open(path, SQLITE_OPEN_READONLY, false, ret);
+                /* Read-write without ever writing: after a writer's crash the
+                 * WAL needs recovery, which a read-only connection cannot do. */
+                return sqlite_open(path, SQLITE_OPEN_READWRITE, false, ret);
         case LAYER_READ_FROZEN:
                 /* A sealed layer never changes and has no journal: immutable
                  * skips all locking. */
@@ -203,16 +216,53 @@ int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret) {
         return -EINVAL;
 }
 
+static bool layer_has_wal(Store *s, uint64_t id) {
+        struct stat st;
+        char name[64];
+
+        layer_file_name(id, "-wal", name);
+        return fstatat(s->layers_fd, name, &st, 0) >= 0 && st.st_size > 0;
+}
+
+/* The journal mode change needs the database to itself: it does not wait
+ * for readers, it reports the mode that stays. So ask until it took. */
+static int set_journal_delete(sqlite3 *db) {
+        for (unsigned attempt = 0; attempt < SEAL_ATTEMPTS; attempt++) {
+                _cleanup_stmt_ sqlite3_stmt *st = NULL;
+                const char *mode;
+                int r;
+
+                r = sqlite_prepare(db, "PRAGMA journal_mode=DELETE", &st);
+                if (r < 0)
+                        return r;
+                r = sqlite_step_row(st);
+                if (r < 0 && r != -EBUSY)
+                        return r;
+                mode = r > 0 ? (const char *) sqlite3_column_text(st, 0) : NULL;
+                if (mode && streq(mode, "delete"))
+                        return 0;
+                (void) usleep(SEAL_RETRY_USEC);
+        }
+        return -EBUSY;
+}
+
 int layer_seal(Store *s, uint64_t id) {
         _cleanup_sqlite_ sqlite3 *db = NULL;
+        _cleanup_free_ char *path = NULL;
         int r;
 
-        r = layer_open(s, id, LAYER_WRITE, &db);
-        if (r == -ENOENT)
-                return 0;
+        r = layer_exists(s, id);
+        if (r <= 0)
+                return r;
+        r = layer_path(s, id, &path);
         if (r < 0)
                 return r;
-        return sqlite_exec(db, "PRAGMA journal_mode=DELETE");
+        /* Opened in whatever mode it is in: a WAL left by a crash is
+         * recovered first, a sealed layer stays as it is. */
+        r = sqlite_open(path, SQLITE_OPEN_READWRITE, false, &db);
+        if (r < 0)
+                return r;
+        return set_journal_delete(db);
 }
 
 int layer_stack_counters(Store *s, const uint64_t *ids, size_t n, LayerCounters *ret) {

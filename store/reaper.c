@@ -381,6 +381,108 @@ static int remove_empty_packs(Store *s) {
         return 0;
 }
 
+static int pack_rows(Store *s, uint64_t pack, BlockRow **ret, size_t *ret_n) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_free_ BlockRow *rows = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT offset, stored_len FROM blocks WHERE pack = ?1 ORDER BY offset", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) pack);
+        while ((r = sqlite_step_row(st)) > 0) {
+                if (n == allocated) {
+                        BlockRow *p;
+
+                        allocated = MAX(allocated * 2, 256u);
+                        p = realloc(rows, allocated * sizeof *p);
+                        if (!p)
+                                return -ENOMEM;
+                        rows = p;
+                }
+                rows[n++].loc = (BlockLocation) {
+                        .pack = pack,
+                        .offset = (uint64_t) sqlite3_column_int64(st, 0),
+                        .stored_len = (uint32_t) sqlite3_column_int(st, 1),
+                };
+        }
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(rows);
+        *ret_n = n;
+        return 0;
+}
+
+/* Punches out of a pack everything between its indexed records: records a
+ * crashed writer appended but never indexed, and duplicates that lost the
+ * race to the index. Only packs that no writer holds, and the index is read
+ * once the pack is locked: its writer may have indexed blocks until then. */
+static int reclaim_pack_gaps(Store *s, uint64_t pack, StoreReapStats *stats) {
+        _cleanup_free_ BlockRow *rows = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        uint64_t end = 0;
+        struct stat st;
+        char name[32];
+        size_t n = 0;
+        int r;
+
+        snprintf(name, sizeof name, "%" PRIu64 ".pack", pack);
+        fd = openat(s->packs_fd, name, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOENT ? 0 : -errno;
+        if (flock(fd, LOCK_EX | LOCK_NB) < 0)
+                return 0; /* a writer appends to it */
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        r = pack_rows(s, pack, &rows, &n);
+        if (r < 0)
+                return r;
+
+        for (size_t i = 0; i <= n; i++) {
+                uint64_t start = i < n ? rows[i].loc.offset : (uint64_t) st.st_size;
+
+                if (start > end && start - end >= 4096) {
+                        if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t) end,
+                                      (off_t) (start - end)) < 0)
+                                return errno == EOPNOTSUPP ? 0 : -errno;
+                }
+                if (i < n)
+                        end = MAX(end, rows[i].loc.offset + sizeof(PackRecordHeader) + rows[i].loc.stored_len);
+        }
+        /* Nothing indexed lies past end: a torn record at most. */
+        if ((uint64_t) st.st_size > end) {
+                if (ftruncate(fd, (off_t) end) < 0)
+                        return -errno;
+                stats->bytes_freed += (uint64_t) st.st_size - end;
+        }
+        return 0;
+}
+
+static int reclaim_unindexed_records(Store *s, StoreReapStats *stats) {
+        _cleanup_free_ uint64_t *packs = NULL;
+        size_t n_packs = 0;
+        int r;
+
+        {
+                _cleanup_stmt_ sqlite3_stmt *st = NULL;
+
+                CATALOG_LOCKED(s);
+                r = sqlite_prepare(s->catalog, "SELECT id FROM packs ORDER BY id", &st);
+                if (r >= 0)
+                        r = sqlite_collect_ids(st, &packs, &n_packs);
+                if (r < 0)
+                        return r;
+        }
+        for (size_t p = 0; p < n_packs; p++) {
+                r = reclaim_pack_gaps(s, packs[p], stats);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
 static int collect_garbage(Store *s, StoreReapStats *stats) {
         _cleanup_close_ int intent = -EBADF, gc = -EBADF;
         _cleanup_free_ uint64_t *live_layers = NULL;
@@ -403,7 +505,10 @@ static int collect_garbage(Store *s, StoreReapStats *stats) {
         r = sweep_blocks(s, &live, stats);
         if (r < 0)
                 return r;
-        return remove_empty_packs(s);
+        r = remove_empty_packs(s);
+        if (r < 0)
+                return r;
+        return reclaim_unindexed_records(s, stats);
 }
 
 int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {

@@ -177,44 +177,6 @@ static int report_users(Store *s, const Digest *d, StoreDamage *damage, store_da
         return 0;
 }
 
-static int list_blocks(Store *s, BlockRow **ret, size_t *ret_n) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
-        _cleanup_free_ BlockRow *rows = NULL;
-        size_t n = 0, allocated = 0;
-        int r;
-
-        CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, "SELECT digest, pack, offset, stored_len, raw_len FROM blocks ORDER BY pack, offset", &st);
-        if (r < 0)
-                return r;
-        while ((r = sqlite_step_row(st)) > 0) {
-                if (sqlite3_column_bytes(st, 0) != sizeof(Digest))
-                        continue;
-                if (n == allocated) {
-                        BlockRow *p;
-
-                        allocated = MAX(allocated * 2, 1024u);
-                        p = realloc(rows, allocated * sizeof *p);
-                        if (!p)
-                                return -ENOMEM;
-                        rows = p;
-                }
-                memcpy(rows[n].digest.bytes, sqlite3_column_blob(st, 0), sizeof(Digest));
-                rows[n].loc = (BlockLocation) {
-                        .pack = (uint64_t) sqlite3_column_int64(st, 1),
-                        .offset = (uint64_t) sqlite3_column_int64(st, 2),
-                        .stored_len = (uint32_t) sqlite3_column_int(st, 3),
-                        .raw_len = (uint32_t) sqlite3_column_int(st, 4),
-                };
-                n++;
-        }
-        if (r < 0)
-                return r;
-        *ret = TAKE_PTR(rows);
-        *ret_n = n;
-        return 0;
-}
-
 int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *ret) {
         _cleanup_free_ BlockRow *rows = NULL;
         _cleanup_free_ uint8_t *buf = NULL;
@@ -225,7 +187,7 @@ int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *r
         buf = malloc(STORE_BLOCK_SIZE);
         if (!buf)
                 return -ENOMEM;
-        r = list_blocks(s, &rows, &n);
+        r = catalog_list_blocks(s, &rows, &n);
         if (r < 0)
                 return r;
 

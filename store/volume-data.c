@@ -148,12 +148,18 @@ static int dirty_flush_one(Volume *v, DirtyBlock *b, uint64_t size) {
         return extent_put(v, b->ino, b->idx, &d, (uint32_t) len, loc.stored_len);
 }
 
-/* Turns every dirty block into a stored block and its extent row. */
-int data_flush_all(Volume *v) {
-        int r;
+/* Turns dirty blocks into stored blocks and their extent rows. A block
+ * that does not fit on the disk stays dirty and the others go on: a full
+ * disk fails the fsync of the files it concerns, not every commit. Blocks
+ * of unlinked inodes stay in memory until the inode is dropped: nothing
+ * will ever read them after a restart. Returns < 0 only when the flush
+ * cannot go on; the first ENOSPC (of ino's blocks if must_ino is given) is
+ * in *ret_failed. */
+int data_flush_all(Volume *v, uint64_t must_ino, int *ret_failed) {
+        int r, failed = 0;
 
         if (v->n_dirty == 0)
-                return 0;
+                goto done;
         if (v->gc_fd < 0) {
                 r = gc_lock_shared(v->store, &v->gc_fd);
                 if (r < 0)
@@ -161,20 +167,32 @@ int data_flush_all(Volume *v) {
         }
 
         for (size_t h = 0; h < DIRTY_BUCKETS; h++)
-                while (v->dirty[h]) {
-                        DirtyBlock *b = v->dirty[h];
+                for (DirtyBlock **p = &v->dirty[h]; *p;) {
+                        DirtyBlock *b = *p;
                         _cleanup_(inode_row_clear) InodeRow row = {};
 
                         r = inode_get(v, b->ino, &row);
                         if (r == -ENOENT)
                                 r = 0, row.size = 0; /* dropped meanwhile */
-                        else if (r >= 0)
+                        else if (r >= 0 && row.nlink == 0) {
+                                p = &b->next;
+                                continue;
+                        } else if (r >= 0)
                                 r = dirty_flush_one(v, b, row.size);
+                        if (r == -ENOSPC) {
+                                if (failed == 0 && (must_ino == 0 || must_ino == b->ino))
+                                        failed = r;
+                                p = &b->next;
+                                continue;
+                        }
                         if (r < 0)
                                 return r;
-                        v->dirty[h] = b->next;
+                        *p = b->next;
                         dirty_free(v, b);
                 }
+done:
+        if (ret_failed)
+                *ret_failed = failed;
         return 0;
 }
 
@@ -351,7 +369,11 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
         logical_size_changed(v, old_size, row.size);
 
         if (v->n_dirty > DIRTY_MAX) {
-                r = data_flush_all(v);
+                int failed;
+
+                r = data_flush_all(v, ino, &failed);
+                if (r >= 0)
+                        r = failed;
                 if (r < 0)
                         return r;
         }

@@ -140,12 +140,12 @@ int extent_get(Volume *v, const InodeRow *row, uint64_t idx, Digest *ret_digest,
 int extent_put(Volume *v, uint64_t ino, uint64_t idx, const Digest *digest, uint32_t len, uint32_t stored_len);
 int extents_delete_from(Volume *v, uint64_t ino, uint64_t first_idx);
 
-int volume_commit_locked(Volume *v);
+int volume_commit_locked(Volume *v, uint64_t must_ino);
 void volume_mark_changed(Volume *v);
 int64_t timestamp_now(void);
 
 /* ---- volume-data.c ---- */
 int data_truncate(Volume *v, InodeRow *row, uint64_t size);
-int data_flush_all(Volume *v);
+int data_flush_all(Volume *v, uint64_t must_ino, int *ret_failed);
 void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx);
 uint64_t data_allocated_bytes(Volume *v, const InodeRow *row);

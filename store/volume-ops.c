@@ -372,10 +372,14 @@ void volume_forget(Volume *v, uint64_t ino) {
         _cleanup_(inode_row_clear) InodeRow row = {};
 
         MUTEX_LOCKED(&v->lock);
-        if (!v->writable || inode_get(v, ino, &row) < 0)
+        if (!v->writable || inode_get(v, ino, &row) < 0 || row.nlink > 0)
                 return;
-        if (row.layer == 0 && row.nlink == 0)
+        /* Unlinked before a snapshot froze its row: only its data in memory
+         * is ours to drop. */
+        if (row.layer == 0)
                 (void) inode_drop(v, &row);
+        else
+                data_forget_dirty(v, ino, 0);
 }
 
 /* A directory moves from one parent to another: link counts follow. */

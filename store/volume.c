@@ -201,8 +201,11 @@ void volume_mark_changed(Volume *v) {
         v->changed = true;
 }
 
-int volume_commit_locked(Volume *v) {
-        int r;
+/* Commits what changed. Data that does not fit on the disk stays in memory
+ * and is tried again at the next commit; the metadata commits regardless.
+ * Returns the data error for must_ino's blocks (every block if 0). */
+int volume_commit_locked(Volume *v, uint64_t must_ino) {
+        int r, failed = 0;
 
         if (!v->writable || !v->changed)
                 return 0;
@@ -212,7 +215,7 @@ int volume_commit_locked(Volume *v) {
                 if (r < 0)
                         return r;
         }
-        r = data_flush_all(v);
+        r = data_flush_all(v, must_ino, &failed);
         if (r < 0)
                 return r;
         r = block_commit(v->store);
@@ -233,14 +236,19 @@ int volume_commit_locked(Volume *v) {
                 return r;
         }
         v->in_transaction = false;
-        v->changed = false;
+        v->changed = v->n_dirty > 0; /* what stays in memory is committed later */
         gc_unlock(&v->gc_fd);
-        return 0;
+        return failed;
 }
 
 int volume_sync(Volume *v) {
         MUTEX_LOCKED(&v->lock);
-        return volume_commit_locked(v);
+        return volume_commit_locked(v, 0);
+}
+
+int volume_fsync(Volume *v, uint64_t ino) {
+        MUTEX_LOCKED(&v->lock);
+        return volume_commit_locked(v, ino);
 }
 
 static void *committer_main(void *userdata) {
@@ -256,7 +264,7 @@ static void *committer_main(void *userdata) {
                 deadline.tv_nsec %= 1000000000;
                 (void) pthread_cond_timedwait(&v->wake, &v->lock, &deadline);
                 if (!v->stopping)
-                        (void) volume_commit_locked(v);
+                        (void) volume_commit_locked(v, 0);
         }
         pthread_mutex_unlock(&v->lock);
         return NULL;
@@ -343,7 +351,7 @@ int volume_open(Store *s, const char *name, bool writable, Volume **ret, pid_t *
         if (writable) {
                 r = purge_orphans(v);
                 if (r >= 0)
-                        r = volume_commit_locked(v);
+                        r = volume_commit_locked(v, 0);
                 if (r < 0)
                         goto fail;
                 r = control_server_start(v, s, rec.id, &v->control);
@@ -379,7 +387,7 @@ Volume *volume_close(Volume *v) {
         if (v->writable && v->n_layers > 0) {
                 MUTEX_LOCKED(&v->lock);
                 (void) purge_orphans(v);
-                (void) volume_commit_locked(v);
+                (void) volume_commit_locked(v, 0);
         }
         if (v->in_transaction && v->layers[0].db)
                 sqlite_rollback(v->layers[0].db);
@@ -423,7 +431,7 @@ int volume_snapshot_locked_out(Volume *v, const char *name, bool readonly) {
         MUTEX_LOCKED(&v->lock);
 
         if (v->changed) {
-                r = volume_commit_locked(v);
+                r = volume_commit_locked(v, 0);
                 if (r < 0)
                         return r;
         }

@@ -106,6 +106,11 @@ int volume_fallocate(Volume *v, uint64_t ino, int mode, uint64_t offset, uint64_
 /* Makes every change so far durable (data, metadata, block index). */
 int volume_sync(Volume *v);
 
+/* Makes ino's data and every metadata change durable. -ENOSPC if ino's
+ * data does not fit on the disk; other files' data that does not fit stays
+ * in memory and fails only their own fsync. */
+int volume_fsync(Volume *v, uint64_t ino);
+
 /* A directory's entries as they were when it was opened; "." and ".." are
  * not included. */
 typedef struct VolumeDirent {
