@@ -52,6 +52,10 @@ struct Packs {
 
         /* The pack this process appends to. */
         int writer_fd;
+        /* Full packs whose last blocks are not indexed yet: they stay locked
+         * until they are, or the reaper would take those blocks for a dead
+         * writer's leftovers. */
+        int retired_fds[4];
         uint64_t writer_id;
         uint64_t writer_end;
         bool writer_unsynced;
@@ -87,6 +91,8 @@ int packs_new(Store *s, struct Packs **ret) {
                 return -ENOMEM;
         pthread_mutex_init(&p->lock, NULL);
         p->writer_fd = -EBADF;
+        for (size_t i = 0; i < ELEMENTSOF(p->retired_fds); i++)
+                p->retired_fds[i] = -EBADF;
         for (size_t i = 0; i < PACK_FD_CACHE; i++)
                 p->fds[i].fd = -EBADF;
         p->cctx = ZSTD_createCCtx();
@@ -101,10 +107,23 @@ int packs_new(Store *s, struct Packs **ret) {
         return 0;
 }
 
+static void packs_release_retired(struct Packs *p) {
+        for (size_t i = 0; i < ELEMENTSOF(p->retired_fds); i++)
+                p->retired_fds[i] = safe_close(p->retired_fds[i]);
+}
+
+static int packs_retired_slot(struct Packs *p) {
+        for (size_t i = 0; i < ELEMENTSOF(p->retired_fds); i++)
+                if (p->retired_fds[i] < 0)
+                        return (int) i;
+        return -EBUSY; /* commit first: the block stays dirty until then */
+}
+
 struct Packs *packs_free(struct Packs *p) {
         if (!p)
                 return NULL;
         safe_close(p->writer_fd);
+        packs_release_retired(p);
         for (size_t i = 0; i < PACK_FD_CACHE; i++)
                 safe_close(p->fds[i].fd);
         for (size_t i = 0; i < READ_CACHE_SLOTS; i++)
@@ -181,7 +200,13 @@ static int writer_open_new_pack(Store *s) {
         _cleanup_close_ int fd = -EBADF;
         char name[32];
         uint64_t id;
-        int r;
+        int r, slot = -1;
+
+        if (p->writer_fd >= 0) {
+                slot = packs_retired_slot(p);
+                if (slot < 0)
+                        return slot;
+        }
 
         {
                 CATALOG_LOCKED(s);
@@ -204,7 +229,8 @@ static int writer_open_new_pack(Store *s) {
         if (fsync(s->packs_fd) < 0)
                 return -errno;
 
-        safe_close(p->writer_fd);
+        if (slot >= 0)
+                p->retired_fds[slot] = TAKE_FD(p->writer_fd);
         p->writer_fd = TAKE_FD(fd);
         p->writer_id = id;
         p->writer_end = 0;
@@ -311,8 +337,10 @@ int block_commit(Store *s) {
                         return -errno;
                 p->writer_unsynced = false;
         }
-        if (p->n_pending == 0)
+        if (p->n_pending == 0) {
+                packs_release_retired(p);
                 return 0;
+        }
 
         CATALOG_LOCKED(s);
         r = sqlite_begin(s->catalog);
@@ -338,6 +366,7 @@ int block_commit(Store *s) {
         if (r < 0)
                 goto fail;
         p->n_pending = 0;
+        packs_release_retired(p);
         return 0;
 fail:
         sqlite_rollback(s->catalog);
