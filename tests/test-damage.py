@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Damage of every kind in the pack files: a zeroed range inside a
+compressed block, a flipped byte in a record's header, a pack truncated
+through a record, and a damaged block that two files share. Reads of the
+damaged blocks give EIO and never other bytes, the undamaged parts and files
+read correctly, and scrub names exactly the damaged files, in each
+subvolume that uses them."""
+
+import errno
+import os
+import sqlite3
+import sys
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cowbox_test as t  # noqa: E402
+from cowbox_test import KiB  # noqa: E402
+
+J = os.path.join
+BLOCK = 64 * KiB
+HEADER = 48     # bytes of a record's header before its payload
+
+
+def block_locations(store, layer_ids, name):
+    """(pack, offset, stored_len) of each block of the file called name in
+    the root of a subvolume, read from the store's own databases."""
+    for layer in layer_ids:
+        path = J(store.path, 'layers', f'{layer}.db')
+        if not os.path.exists(path):
+            continue
+        db = sqlite3.connect(f'file:{path}?mode=ro', uri=True)
+        row = db.execute('SELECT ino FROM dentries WHERE parent = 1 AND name = ?', (name.encode(),)).fetchone()
+        if not row:
+            db.close()
+            continue
+        digests = [d for (d,) in db.execute(
+            'SELECT digest FROM extents WHERE ino = ? AND digest IS NOT NULL ORDER BY idx', (row[0],))]
+        db.close()
+        catalog = sqlite3.connect(f"file:{J(store.path, 'catalog.db')}?mode=ro", uri=True)
+        locations = [catalog.execute('SELECT pack, offset, stored_len FROM blocks WHERE digest = ?',
+                                     (d,)).fetchone() for d in digests]
+        catalog.close()
+        t.check(all(locations), f'{name}: a block of its extents is missing from the index')
+        return locations
+    t.fail(f'{name} is in no layer of the subvolume')
+
+
+def top_layer(store, subvolume):
+    return store.show(subvolume)['top_layer']
+
+
+def pack_path(store, pack):
+    return J(store.path, 'packs', f'{pack}.pack')
+
+
+def damage(store, pack, offset, data):
+    with open(pack_path(store, pack), 'r+b') as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def read_chunks(path, expected):
+    """The block offsets that give EIO; every byte returned must be right."""
+    bad = []
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for off in range(0, len(expected), BLOCK):
+            try:
+                got = os.pread(fd, BLOCK, off)
+            except OSError as e:
+                t.check(e.errno == errno.EIO, f'{path} at {off}: {e}, expected EIO or the data')
+                bad.append(off)
+                continue
+            t.check_bytes(got, expected[off:off + BLOCK], f'{os.path.basename(path)} at offset {off}')
+    finally:
+        os.close(fd)
+    return bad
+
+
+def run():
+    t.require_fuse()
+    files = {
+        'zeroed-compressible.txt': t.pattern_bytes(5 * BLOCK, 1),
+        'header-flipped.bin': t.random_bytes(3 * BLOCK, 2),
+        'truncated-last.bin': t.random_bytes(4 * BLOCK + 1000, 3),
+        'shared-one.bin': t.random_bytes(2 * BLOCK, 4),
+        'shared-two.bin': t.random_bytes(2 * BLOCK, 4),       # the same blocks, stored once
+        'intact-one.bin': t.random_bytes(3 * BLOCK, 5),
+        'intact-two.txt': t.pattern_bytes(3 * BLOCK, 6),
+    }
+    with t.Store('damage') as store:
+        store.create('main')
+        with store.mount('main') as m:
+            # The file to be cut off at the end of the pack is written last.
+            for name in sorted(files, key=lambda n: n == 'truncated-last.bin'):
+                t.write_file(m.p(name), files[name], fsync=True)
+        store.snapshot('main', 'copy', readonly=True)
+        store.run('scrub')
+
+        layers = [top_layer(store, 'copy')]
+        where = {name: block_locations(store, layers, name) for name in files}
+        t.check_equal(where['shared-one.bin'], where['shared-two.bin'], 'blocks of two identical files')
+
+        # A range of zeros inside the payload of the third block.
+        pack, offset, stored = where['zeroed-compressible.txt'][2]
+        t.check(stored < BLOCK // 2, f'the compressible file was stored in {stored} byte blocks, not compressed')
+        damage(store, pack, offset + HEADER + stored // 3, bytes(min(100, stored // 3)))
+        # One byte of the header of the first block.
+        pack, offset, stored = where['header-flipped.bin'][0]
+        damage(store, pack, offset + 10, b'\xff')
+        # The pack cut inside the last block of the file written last.
+        pack, offset, stored = where['truncated-last.bin'][-1]
+        t.check(offset + HEADER + stored == os.path.getsize(pack_path(store, pack)),
+                'the last block written is not at the end of its pack')
+        os.truncate(pack_path(store, pack), offset + HEADER + stored // 2)
+        # The second block of the two identical files.
+        pack, offset, stored = where['shared-one.bin'][1]
+        damage(store, pack, offset + HEADER + stored // 2, b'\x00\x01\x02\x03')
+
+        expected_bad = {
+            'zeroed-compressible.txt': [2 * BLOCK],
+            'header-flipped.bin': [0],
+            'truncated-last.bin': [4 * BLOCK],
+            'shared-one.bin': [BLOCK],
+            'shared-two.bin': [BLOCK],
+        }
+        for subvolume in ('main', 'copy'):
+            with store.mount(subvolume, readonly=True) as m:
+                for name, content in sorted(files.items()):
+                    bad = read_chunks(m.p(name), content)
+                    t.check_equal(bad, expected_bad.get(name, []), f'{subvolume}/{name}: blocks that give EIO')
+
+        r = store.run('scrub', expect=1)
+        report = r.output
+        print(report, flush=True)
+        for name in files:
+            mentions = report.count(name)
+            if name in expected_bad:
+                # Named once for each subvolume that uses it.
+                t.check_equal(mentions, 2, f'times scrub names the damaged {name}')
+            else:
+                t.check_equal(mentions, 0, f'times scrub names the intact {name}')
+        usage = store.usage()
+        t.check(usage['corruption_events'] >= len(expected_bad), f"corruption events: {usage['corruption_events']}")
+        store.fsck()
+
+
+t.main(run)
