@@ -18,6 +18,7 @@
 #define _noreturn_ __attribute__((noreturn))
 #define _printf_(a, b) __attribute__((format(printf, a, b)))
 #define _public_ __attribute__((visibility("default")))
+#define _fallthrough_ __attribute__((fallthrough))
 #define _likely_(x) __builtin_expect(!!(x), 1)
 #define _unlikely_(x) __builtin_expect(!!(x), 0)
 

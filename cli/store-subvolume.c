@@ -5,12 +5,16 @@
  * checks its arguments, opens the store, makes one library call and reports.
  */
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
+#include <string.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "store-tool.h"
+#include "string-util.h"
 
 /* Everything a subvolume reports. Tables (list) leave out the detail fields,
  * so that a row fits a terminal; show and JSON have them all. */
@@ -27,6 +31,7 @@ static const Field subvolume_fields[] = {
         FIELD("Referenced", "referenced_bytes", FIELD_BYTES, StoreSubvolumeInfo, referenced_bytes),
         FIELD("Exclusive", "exclusive_bytes", FIELD_BYTES, StoreSubvolumeInfo, exclusive_bytes),
         FIELD_DETAILED("Inodes", "inodes", FIELD_U64, StoreSubvolumeInfo, inodes),
+        FIELD_DETAILED("Quota", "quota_bytes", FIELD_LIMIT, StoreSubvolumeInfo, quota_bytes),
         FIELD("Mounted by", "mounted_by", FIELD_PID, StoreSubvolumeInfo, mounted_by),
         {}
 };
@@ -74,15 +79,15 @@ static int parse_names(Tool *tool, const Command *cmd, int argc, char *argv[], i
         return EXIT_SUCCESS;
 }
 
-/* With --json, create and snapshot print the new subvolume as show does, so
- * that a script learns its id and UUID without asking again. */
+/* With --json, create, snapshot and set-quota print the subvolume as show
+ * does, so that a script learns its id and UUID without asking again. */
 static int print_subvolume_json(Store *store, const char *name) {
         _cleanup_(store_subvolume_info_clear) StoreSubvolumeInfo info = {};
         int r;
 
         r = store_subvolume_show(store, name, &info);
         if (r < 0)
-                return report_failure("subvolume '%s' was made, but reading it back failed: %s",
+                return report_failure("subvolume '%s' was changed, but reading it back failed: %s",
                                       name, error_text(r));
 
         _cleanup_json_ json_t *doc = record_to_json(subvolume_fields, &info);
@@ -288,6 +293,81 @@ static int verb_show(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         return EXIT_SUCCESS;
 }
 
+/* SIZE: a number of bytes with an optional binary unit (K, M, G, T, with or
+ * without "iB"), or "none" or 0 for no limit. */
+static int parse_size(const char *text, uint64_t *ret) {
+        static const char units[] = "KMGT";
+        unsigned long long n;
+        const char *unit;
+        char *end;
+
+        if (streq(text, "none")) {
+                *ret = 0;
+                return 0;
+        }
+        if (!isdigit((unsigned char) text[0]))
+                return -EINVAL;
+        errno = 0;
+        n = strtoull(text, &end, 10);
+        if (errno != 0)
+                return -EINVAL;
+        if (*end == 0) {
+                *ret = n;
+                return 0;
+        }
+        unit = strchr(units, toupper((unsigned char) *end));
+        if (!unit || !(streq(end + 1, "") || streq(end + 1, "iB") || streq(end + 1, "B")))
+                return -EINVAL;
+        for (const char *u = units; u <= unit; u++) {
+                if (n > UINT64_MAX / 1024)
+                        return -ERANGE;
+                n *= 1024;
+        }
+        *ret = n;
+        return 0;
+}
+
+static int verb_set_quota(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_store_ Store *store = NULL;
+        const char *name, *size;
+        uint64_t bytes;
+        int c, r;
+
+        c = command_getopt(tool, cmd, argc, argv);
+        if (c != 0)
+                return options_exit_status(c);
+        r = command_check_arguments(cmd, argc, argv, 2, 2);
+        if (r != 0)
+                return r;
+        name = argv[optind];
+        size = argv[optind + 1];
+        r = command_check_name(cmd, name);
+        if (r != 0)
+                return r;
+        if (parse_size(size, &bytes) < 0 || bytes > (uint64_t) INT64_MAX)
+                return report_usage_error(cmd, "'%s' is not a size: give bytes, optionally with K, M, G or T "
+                                          "(powers of 1024), or 'none'", size);
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+        r = store_subvolume_set_quota(store, name, bytes);
+        if (r == -ENOENT)
+                return report_no_subvolume(name);
+        if (r < 0)
+                return report_failure("cannot set the quota of subvolume '%s': %s", name, error_text(r));
+
+        if (tool->json)
+                return print_subvolume_json(store, name);
+        if (bytes == 0)
+                printf("Subvolume '%s' has no quota.\n", name);
+        else {
+                char buf[FORMAT_BYTES_MAX];
+                printf("Subvolume '%s' may hold %s (%" PRIu64 " bytes).\n", name, format_bytes(bytes, buf), bytes);
+        }
+        return EXIT_SUCCESS;
+}
+
 static const Command subvolume_create = {
         .name = "subvolume create",
         .synopsis = "NAME",
@@ -387,19 +467,39 @@ static const Command subvolume_show = {
         .run = verb_show,
 };
 
+static const Command subvolume_set_quota = {
+        .name = "subvolume set-quota",
+        .synopsis = "NAME SIZE",
+        .summary = "Limit how many bytes the files of a subvolume may hold.",
+        .description =
+                "SIZE counts the subvolume's logical bytes (the sum of its files' sizes), in bytes\n"
+                "or with K, M, G or T (powers of 1024); 'none' or 0 removes the limit. A write that\n"
+                "would pass the limit fails with EDQUOT ('Disk quota exceeded'), and nothing\n"
+                "written before is lost. Snapshots keep the limit of their source. A server that\n"
+                "has the subvolume mounted applies a new limit within a few seconds.\n",
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " subvolume set-quota workspace 20G",
+                PROGRAM_NAME " subvolume set-quota workspace none",
+                NULL,
+        },
+        .flags = COMMAND_JSON | COMMAND_SIZES,
+        .run = verb_set_quota,
+};
+
 static const Command *const subvolume_verbs[] = {
         &subvolume_create,
         &subvolume_snapshot,
         &subvolume_delete,
         &subvolume_list,
         &subvolume_show,
+        &subvolume_set_quota,
         NULL,
 };
 
 const Command command_subvolume = {
         .name = "subvolume",
         .synopsis = "COMMAND [ARGS...]",
-        .summary = "Create, snapshot, delete, list and show subvolumes.",
+        .summary = "Create, snapshot, delete, list and show subvolumes, and limit their size.",
         .description =
                 "A subvolume is a tree of files, stored as a stack of layers. Snapshots and\n"
                 "deletion cost the same whatever the tree's size; to use a subvolume's files,\n"

@@ -198,6 +198,10 @@ static const char *field_text(const Tool *tool, const Field *f, const void *reco
         case FIELD_UINT:
                 snprintf(buf, CELL_MAX, "%u", *(const unsigned *) p);
                 return buf;
+        case FIELD_LIMIT:
+                if (*(const uint64_t *) p == 0)
+                        return "none";
+                _fallthrough_;
         case FIELD_BYTES:
                 if (tool->raw) {
                         snprintf(buf, CELL_MAX, "%" PRIu64, *(const uint64_t *) p);
@@ -253,6 +257,7 @@ static json_t *field_to_json(const Field *f, const void *record) {
                 return isempty(p) ? json_null() : json_string_lossy(p);
         case FIELD_U64:
         case FIELD_BYTES:
+        case FIELD_LIMIT:
         case FIELD_TIME_USEC:
                 return json_integer((json_int_t) *(const uint64_t *) p);
         case FIELD_UINT:

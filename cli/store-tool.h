@@ -162,6 +162,7 @@ typedef enum FieldType {
         FIELD_U64,
         FIELD_UINT,             /* unsigned */
         FIELD_BYTES,            /* uint64_t: a human size, exact with --raw */
+        FIELD_LIMIT,            /* uint64_t: as FIELD_BYTES, but 0 shows "none" */
         FIELD_BOOL,
         FIELD_TIME_USEC,        /* uint64_t, CLOCK_REALTIME: local time in text */
         FIELD_PID,              /* pid_t: "1234 (comm)"; 0 shows "-", null */

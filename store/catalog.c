@@ -27,6 +27,7 @@ static const char catalog_schema[] =
         "  readonly INTEGER NOT NULL,"
         "  created_usec INTEGER NOT NULL,"
         "  top_layer INTEGER NOT NULL REFERENCES layers(id),"
+        "  quota_bytes INTEGER NOT NULL DEFAULT 0,"
         "  deleted INTEGER NOT NULL DEFAULT 0);"
         "CREATE UNIQUE INDEX subvolumes_live_name ON subvolumes(name) WHERE deleted = 0;"
         "CREATE TABLE packs(id INTEGER PRIMARY KEY AUTOINCREMENT, created_usec INTEGER NOT NULL);"
@@ -61,6 +62,7 @@ static int subvolume_record_from_row(sqlite3_stmt *st, SubvolumeRecord *ret) {
                 .readonly = sqlite3_column_int(st, 4),
                 .created_usec = (uint64_t) sqlite3_column_int64(st, 5),
                 .top_layer = (uint64_t) sqlite3_column_int64(st, 6),
+                .quota_bytes = (uint64_t) sqlite3_column_int64(st, 7),
         };
         ret->name = strdup((const char *) sqlite3_column_text(st, 1));
         if (!ret->name)
@@ -70,7 +72,7 @@ static int subvolume_record_from_row(sqlite3_stmt *st, SubvolumeRecord *ret) {
         return 0;
 }
 
-#define SUBVOLUME_COLUMNS "id, name, uuid, parent_uuid, readonly, created_usec, top_layer"
+#define SUBVOLUME_COLUMNS "id, name, uuid, parent_uuid, readonly, created_usec, top_layer, quota_bytes"
 
 static int find_subvolume(Store *s, const char *sql, const char *name, uint64_t id, SubvolumeRecord *ret) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
@@ -220,8 +222,8 @@ static int insert_snapshot_record(Store *s, const SubvolumeRecord *source, const
         if (r < 0)
                 return r;
         r = sqlite_prepare(s->catalog,
-                           "INSERT INTO subvolumes(name, uuid, parent_uuid, readonly, created_usec, top_layer) "
-                           "VALUES (?1, ?2, ?3, ?4, ?5, ?6)", &st);
+                           "INSERT INTO subvolumes(name, uuid, parent_uuid, readonly, created_usec, top_layer, "
+                           "quota_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)", &st);
         if (r < 0)
                 return r;
         sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
@@ -230,6 +232,7 @@ static int insert_snapshot_record(Store *s, const SubvolumeRecord *source, const
         sqlite3_bind_int(st, 4, readonly);
         sqlite3_bind_int64(st, 5, (sqlite3_int64) now_usec());
         sqlite3_bind_int64(st, 6, (sqlite3_int64) top);
+        sqlite3_bind_int64(st, 7, (sqlite3_int64) source->quota_bytes); /* a snapshot keeps the limit */
         return sqlite_step_done(st);
 }
 

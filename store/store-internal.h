@@ -92,6 +92,7 @@ typedef struct SubvolumeRecord {
         bool readonly;
         uint64_t created_usec;
         uint64_t top_layer;
+        uint64_t quota_bytes;   /* 0: no limit */
 } SubvolumeRecord;
 
 void subvolume_record_clear(SubvolumeRecord *r);

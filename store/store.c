@@ -442,6 +442,25 @@ int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
         return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
 }
 
+int store_subvolume_set_quota(Store *s, const char *name, uint64_t bytes) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        if (!store_name_is_valid(name) || bytes > (uint64_t) INT64_MAX)
+                return -EINVAL;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET quota_bytes = ?1 WHERE name = ?2 AND deleted = 0", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) bytes);
+        sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+        r = sqlite_step_done(st);
+        if (r < 0)
+                return r;
+        return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
+}
+
 /* Fills the space figures of one subvolume from its layers. */
 static int subvolume_fill_space(Store *s, StoreSubvolumeInfo *info) {
         _cleanup_free_ uint64_t *ids = NULL;
@@ -494,6 +513,7 @@ static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, StoreSubvo
                 .readonly = rec->readonly,
                 .created_usec = rec->created_usec,
                 .top_layer = rec->top_layer,
+                .quota_bytes = rec->quota_bytes,
         };
         memcpy(ret->uuid, rec->uuid, sizeof ret->uuid);
         memcpy(ret->parent_uuid, rec->parent_uuid, sizeof ret->parent_uuid);

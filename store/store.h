@@ -57,6 +57,10 @@ typedef struct StoreSubvolumeInfo {
         uint64_t exclusive_bytes;
         uint64_t inodes;
 
+        /* The limit of logical_bytes, 0 for none: writes past it fail with
+         * EDQUOT. */
+        uint64_t quota_bytes;
+
         /* The process that has it mounted writable, 0 if none. */
         pid_t mounted_by;
 } StoreSubvolumeInfo;
@@ -81,6 +85,12 @@ int store_subvolume_snapshot(Store *s, const char *source, const char *name, boo
  * frees its space later. -EBUSY if it is mounted (ret_holder then names
  * the pid). */
 int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder);
+
+/* Sets the limit of the subvolume's logical bytes (0: none). A server that
+ * has it mounted applies the new limit within a few seconds. Lowering it
+ * below what the subvolume holds loses nothing: only writes that grow it
+ * fail, with EDQUOT. */
+int store_subvolume_set_quota(Store *s, const char *name, uint64_t bytes);
 
 int store_subvolume_list(Store *s, StoreSubvolumeInfo **ret, size_t *ret_n);
 int store_subvolume_show(Store *s, const char *name, StoreSubvolumeInfo *ret);

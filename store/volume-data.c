@@ -340,6 +340,9 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
                 return 0;
         old_size = row.size;
 
+        r = volume_check_quota(v, end > row.size ? end - row.size : 0);
+        if (r < 0)
+                return r;
         r = write_check_space(v, &row, offset, end);
         if (r < 0)
                 return r;
@@ -481,6 +484,9 @@ int volume_fallocate(Volume *v, uint64_t ino, int mode, uint64_t offset, uint64_
         /* Space is not reserved ahead in a copy-on-write store: allocation
          * only sets the size. */
         if (!keep_size && end > row.size) {
+                r = volume_check_quota(v, end - row.size);
+                if (r < 0)
+                        return r;
                 r = data_truncate(v, &row, end);
                 if (r < 0)
                         return r;

@@ -72,6 +72,7 @@ struct Volume {
         bool top_prepared;
 
         LayerCounters counters;
+        uint64_t quota_bytes;   /* limit of counters.logical_bytes, 0: none */
         bool in_transaction;
         bool changed;
         /* A commit failed and SQLite rolled the transaction back: what the
@@ -143,6 +144,9 @@ int extents_delete_from(Volume *v, uint64_t ino, uint64_t first_idx);
 int volume_commit_locked(Volume *v, uint64_t must_ino);
 void volume_mark_changed(Volume *v);
 int64_t timestamp_now(void);
+
+/* -EDQUOT if growing the subvolume by bytes would pass its limit. */
+int volume_check_quota(Volume *v, uint64_t bytes);
 
 /* ---- volume-data.c ---- */
 int data_truncate(Volume *v, InodeRow *row, uint64_t size);

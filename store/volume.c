@@ -127,6 +127,7 @@ static int layers_load(Volume *v) {
         r = catalog_find_subvolume_by_id(v->store, v->subvolume_id, &rec);
         if (r < 0)
                 return r;
+        v->quota_bytes = rec.quota_bytes;
         r = catalog_layer_stack(v->store, rec.top_layer, &ids, &n);
         if (r < 0)
                 return r;
@@ -251,6 +252,22 @@ int volume_fsync(Volume *v, uint64_t ino) {
         return volume_commit_locked(v, ino);
 }
 
+/* The limit may change while the subvolume is mounted (set-quota). */
+static void quota_refresh(Volume *v) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+
+        if (catalog_find_subvolume_by_id(v->store, v->subvolume_id, &rec) >= 0)
+                v->quota_bytes = rec.quota_bytes;
+}
+
+int volume_check_quota(Volume *v, uint64_t bytes) {
+        if (v->quota_bytes == 0 || bytes == 0)
+                return 0;
+        if (v->counters.logical_bytes + bytes > v->quota_bytes)
+                return -EDQUOT;
+        return 0;
+}
+
 static void *committer_main(void *userdata) {
         Volume *v = userdata;
 
@@ -263,8 +280,10 @@ static void *committer_main(void *userdata) {
                 deadline.tv_sec += COMMIT_INTERVAL_MS / 1000 + deadline.tv_nsec / 1000000000;
                 deadline.tv_nsec %= 1000000000;
                 (void) pthread_cond_timedwait(&v->wake, &v->lock, &deadline);
-                if (!v->stopping)
-                        (void) volume_commit_locked(v, 0);
+                if (v->stopping)
+                        break;
+                (void) volume_commit_locked(v, 0);
+                quota_refresh(v);
         }
         pthread_mutex_unlock(&v->lock);
         return NULL;
