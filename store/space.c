@@ -14,7 +14,8 @@
 #include "store-internal.h"
 
 #define SPACE_CHECK_INTERVAL_USEC 100000
-#define SPACE_MARGIN_MIN (2ull << 20)
+/* Each SQLite journal may grow by a few MiB before its checkpoint. */
+#define SPACE_MARGIN_MIN (8ull << 20)
 #define SPACE_MARGIN_MAX (256ull << 20)
 
 static void space_refresh(Store *s) {

@@ -48,7 +48,11 @@ int sqlite_open(const char *path, int flags, bool wal, sqlite3 **ret) {
         (void) sqlite3_busy_timeout(db, 30000);
 
         if (wal && !(flags & SQLITE_OPEN_READONLY)) {
-                r = sqlite_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;");
+                /* Short WALs: checkpointed every MiB, cut back to 4 MiB after
+                 * a checkpoint, so that the space kept for journals on a
+                 * nearly full disk suffices. */
+                r = sqlite_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; "
+                                    "PRAGMA wal_autocheckpoint=256; PRAGMA journal_size_limit=4194304;");
                 if (r < 0)
                         return r;
         }
