@@ -52,7 +52,7 @@
 #define CACHE_TIMEOUT_SOLE_WRITER 3600.0 /* seconds */
 #define CACHE_TIMEOUT_SHARED 1.0
 #define IO_SIZE_MAX (1024u * 1024u)      /* max_write and max_readahead */
-#define MAX_THREADS_DEFAULT 8u
+#define MAX_THREADS_DEFAULT 8u          /* at most, by default */
 #define INODE_TABLE_MIN_SLOTS 64
 
 /* ---- the server ---- */
@@ -960,6 +960,14 @@ static void mount_ready(int ready_fd, int *notify_fd) {
         }
 }
 
+/* One thread per CPU: more only contend for /dev/fuse (copying 9,000
+ * small files in took 5 s with 2 threads and 8 to 14 s with 8, on 2 CPUs). */
+static unsigned default_threads(void) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+        return (unsigned) MIN(MAX(n, 2L), (long) MAX_THREADS_DEFAULT);
+}
+
 static int session_loop(struct fuse_session *se, unsigned max_threads) {
         struct fuse_loop_config *config;
         int r;
@@ -967,7 +975,7 @@ static int session_loop(struct fuse_session *se, unsigned max_threads) {
         config = fuse_loop_cfg_create();
         if (!config)
                 return -ENOMEM;
-        fuse_loop_cfg_set_max_threads(config, max_threads > 0 ? max_threads : MAX_THREADS_DEFAULT);
+        fuse_loop_cfg_set_max_threads(config, max_threads > 0 ? max_threads : default_threads());
         r = fuse_session_loop_mt(se, config);
         fuse_loop_cfg_destroy(config);
         /* Positive: the signal that asked us to stop. */
