@@ -22,6 +22,7 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include "alloc-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
 
@@ -265,14 +266,8 @@ static size_t record_encode(struct Packs *p, const void *data, size_t len, const
 }
 
 static int pending_add(struct Packs *p, const Digest *d, const BlockLocation *loc) {
-        if (p->n_pending == p->allocated_pending) {
-                size_t n = MAX(p->allocated_pending * 2, 64u);
-                PendingBlock *q = realloc(p->pending, n * sizeof *q);
-                if (!q)
-                        return -ENOMEM;
-                p->pending = q;
-                p->allocated_pending = n;
-        }
+        if (!GREEDY_REALLOC(p->pending, p->allocated_pending, p->n_pending + 1))
+                return -ENOMEM;
         p->pending[p->n_pending++] = (PendingBlock) { .digest = *d, .loc = *loc };
         return 0;
 }

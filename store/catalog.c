@@ -9,6 +9,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 
+#include "alloc-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
 
@@ -115,16 +116,9 @@ int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n) {
         if (r < 0)
                 return r;
         while ((r = sqlite_step_row(st)) > 0) {
-                if (n == allocated) {
-                        SubvolumeRecord *p;
-
-                        allocated = MAX(allocated * 2, 16u);
-                        p = realloc(recs, allocated * sizeof *recs);
-                        if (!p) {
-                                r = -ENOMEM;
-                                break;
-                        }
-                        recs = p;
+                if (!GREEDY_REALLOC(recs, allocated, n + 1)) {
+                        r = -ENOMEM;
+                        break;
                 }
                 r = subvolume_record_from_row(st, &recs[n]);
                 if (r < 0)
@@ -154,15 +148,8 @@ int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_
                 return r;
 
         for (uint64_t id = top; id != 0;) {
-                if (n == allocated) {
-                        uint64_t *p;
-
-                        allocated = MAX(allocated * 2, 8u);
-                        p = realloc(ids, allocated * sizeof *ids);
-                        if (!p)
-                                return -ENOMEM;
-                        ids = p;
-                }
+                if (!GREEDY_REALLOC(ids, allocated, n + 1))
+                        return -ENOMEM;
                 if (n > 100000) /* a loop in the tree: never made by us */
                         return -EUCLEAN;
                 ids[n++] = id;
@@ -439,15 +426,8 @@ int catalog_list_blocks(Store *s, BlockRow **ret, size_t *ret_n) {
         while ((r = sqlite_step_row(st)) > 0) {
                 if (sqlite3_column_bytes(st, 0) != sizeof(Digest))
                         continue;
-                if (n == allocated) {
-                        BlockRow *p;
-
-                        allocated = MAX(allocated * 2, 1024u);
-                        p = realloc(rows, allocated * sizeof *p);
-                        if (!p)
-                                return -ENOMEM;
-                        rows = p;
-                }
+                if (!GREEDY_REALLOC(rows, allocated, n + 1))
+                        return -ENOMEM;
                 memcpy(rows[n].digest.bytes, sqlite3_column_blob(st, 0), sizeof(Digest));
                 rows[n].loc = (BlockLocation) {
                         .pack = (uint64_t) sqlite3_column_int64(st, 1),

@@ -17,6 +17,7 @@
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 
+#include "alloc-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
 
@@ -47,15 +48,8 @@ static int find_candidates(Store *s, FoldCandidate **ret, size_t *ret_n) {
         if (r < 0)
                 return r;
         while ((r = sqlite_step_row(st)) > 0) {
-                if (n == allocated) {
-                        FoldCandidate *p;
-
-                        allocated = MAX(allocated * 2, 8u);
-                        p = realloc(list, allocated * sizeof *p);
-                        if (!p)
-                                return -ENOMEM;
-                        list = p;
-                }
+                if (!GREEDY_REALLOC(list, allocated, n + 1))
+                        return -ENOMEM;
                 list[n++] = (FoldCandidate) {
                         .lower = (uint64_t) sqlite3_column_int64(st, 0),
                         .upper = (uint64_t) sqlite3_column_int64(st, 1),

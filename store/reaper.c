@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "alloc-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
 
@@ -299,16 +300,9 @@ static int sweep_blocks(Store *s, const DigestSet *live, StoreReapStats *stats) 
                         memcpy(d.bytes, sqlite3_column_blob(st, 0), sizeof d.bytes);
                         if (digest_set_contains(live, &d))
                                 continue;
-                        if (n == allocated) {
-                                BlockRow *p;
-
-                                allocated = MAX(allocated * 2, 256u);
-                                p = realloc(dead, allocated * sizeof *p);
-                                if (!p) {
-                                        r = -ENOMEM;
-                                        break;
-                                }
-                                dead = p;
+                        if (!GREEDY_REALLOC(dead, allocated, n + 1)) {
+                                r = -ENOMEM;
+                                break;
                         }
                         dead[n++] = (BlockRow) {
                                 .digest = d,
@@ -393,15 +387,8 @@ static int pack_rows(Store *s, uint64_t pack, BlockRow **ret, size_t *ret_n) {
                 return r;
         sqlite3_bind_int64(st, 1, (sqlite3_int64) pack);
         while ((r = sqlite_step_row(st)) > 0) {
-                if (n == allocated) {
-                        BlockRow *p;
-
-                        allocated = MAX(allocated * 2, 256u);
-                        p = realloc(rows, allocated * sizeof *p);
-                        if (!p)
-                                return -ENOMEM;
-                        rows = p;
-                }
+                if (!GREEDY_REALLOC(rows, allocated, n + 1))
+                        return -ENOMEM;
                 rows[n++].loc = (BlockLocation) {
                         .pack = pack,
                         .offset = (uint64_t) sqlite3_column_int64(st, 0),

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdbool.h>
 
+#include "alloc-util.h"
 #include "sqlite-util.h"
 
 int sqlite_errno(int rc) {
@@ -115,16 +116,9 @@ int sqlite_collect_ids(sqlite3_stmt *st, uint64_t **ret_ids, size_t *ret_n) {
         int r;
 
         while ((r = sqlite_step_row(st)) > 0) {
-                if (n == allocated) {
-                        uint64_t *p;
-
-                        allocated = MAX(allocated * 2, 16u);
-                        p = realloc(ids, allocated * sizeof *ids);
-                        if (!p) {
-                                (void) sqlite3_reset(st);
-                                return -ENOMEM;
-                        }
-                        ids = p;
+                if (!GREEDY_REALLOC(ids, allocated, n + 1)) {
+                        (void) sqlite3_reset(st);
+                        return -ENOMEM;
                 }
                 ids[n++] = (uint64_t) sqlite3_column_int64(st, 0);
         }

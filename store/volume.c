@@ -13,6 +13,7 @@
 #include <time.h>
 #include <zstd.h>
 
+#include "alloc-util.h"
 #include "sqlite-util.h"
 #include "volume-internal.h"
 
@@ -828,16 +829,9 @@ static int layered_names_collect(Volume *v, uint64_t parent, LayeredName **ret, 
                 while ((r = sqlite_step_row(st)) > 0) {
                         int len = sqlite3_column_bytes(st, 0);
 
-                        if (n == allocated) {
-                                LayeredName *p;
-
-                                allocated = MAX(allocated * 2, 32u);
-                                p = realloc(names, allocated * sizeof *p);
-                                if (!p) {
-                                        r = -ENOMEM;
-                                        break;
-                                }
-                                names = p;
+                        if (!GREEDY_REALLOC(names, allocated, n + 1)) {
+                                r = -ENOMEM;
+                                break;
                         }
                         names[n].name = strndup(sqlite3_column_blob(st, 0) ?: "", (size_t) len);
                         if (!names[n].name) {
@@ -1073,16 +1067,9 @@ int extents_delete_from(Volume *v, uint64_t ino, uint64_t first_idx) {
         while ((r = sqlite_step_row(st)) > 0) {
                 if (sqlite3_column_bytes(st, 0) != sizeof(Digest))
                         continue;
-                if (n == allocated) {
-                        Digest *p;
-
-                        allocated = MAX(allocated * 2, 16u);
-                        p = realloc(digests, allocated * sizeof *p);
-                        if (!p) {
-                                r = -ENOMEM;
-                                break;
-                        }
-                        digests = p;
+                if (!GREEDY_REALLOC(digests, allocated, n + 1)) {
+                        r = -ENOMEM;
+                        break;
                 }
                 memcpy(digests[n++].bytes, sqlite3_column_blob(st, 0), sizeof(Digest));
         }
