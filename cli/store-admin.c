@@ -290,16 +290,62 @@ static const Field reap_fields[] = {
         {}
 };
 
+static const Field reaper_settings_fields[] = {
+        FIELD("Reaper paused", "paused", FIELD_BOOL, StoreReaperSettings, paused),
+        FIELD("Reaper rate limit per second", "rate_bytes_per_sec", FIELD_LIMIT, StoreReaperSettings, rate_bytes_per_sec),
+        {}
+};
+
+/* --pause, --resume and --rate change what every reaper does, and print it. */
+static int reaper_configure(Tool *tool, Store *store, int pause, const char *rate) {
+        StoreReaperSettings settings;
+        uint64_t bytes;
+        int r = 0;
+
+        if (pause >= 0)
+                r = store_reaper_set_paused(store, pause);
+        if (r >= 0 && rate) {
+                if (parse_size(rate, &bytes) < 0)
+                        return report_failure("'%s' is not a rate: give bytes per second, optionally with K, M, "
+                                              "G or T (powers of 1024), or 'none'", rate);
+                r = store_reaper_set_rate(store, bytes);
+        }
+        if (r >= 0)
+                r = store_reaper_settings(store, &settings);
+        if (r < 0)
+                return report_failure("cannot change the reaper's settings in %s: %s", store_path(store),
+                                      error_text(r));
+        if (tool->json) {
+                _cleanup_json_ json_t *doc = record_to_json(reaper_settings_fields, &settings);
+                return json_print(doc);
+        }
+        record_print(tool, reaper_settings_fields, &settings, 0);
+        return EXIT_SUCCESS;
+}
+
 static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         _cleanup_store_ Store *store = NULL;
         StoreReapStats stats = {};
+        const char *rate = NULL;
         pid_t holder = 0;
         bool wait = false;
-        int c, r;
+        int c, r, pause = -1;
 
         while ((c = command_getopt(tool, cmd, argc, argv)) > 0)
-                if (c == ARG_WAIT)
+                switch (c) {
+                case ARG_WAIT:
                         wait = true;
+                        break;
+                case ARG_PAUSE:
+                        pause = 1;
+                        break;
+                case ARG_RESUME:
+                        pause = 0;
+                        break;
+                case ARG_RATE:
+                        rate = optarg;
+                        break;
+                }
         if (c < 0)
                 return options_exit_status(c);
         r = command_check_arguments(cmd, argc, argv, 0, 0);
@@ -309,6 +355,8 @@ static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         r = tool_open_store(tool, &store);
         if (r != 0)
                 return r;
+        if (pause >= 0 || rate)
+                return reaper_configure(tool, store, pause, rate);
 
         r = store_reap(store, wait, &stats, &holder);
         if (r == -EBUSY) {
@@ -317,6 +365,9 @@ static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                 return report_failure("a reaper is already running in %s; wait for it with '"
                                       PROGRAM_NAME " reap --wait'", describe_process(holder, process));
         }
+        if (r == -EAGAIN)
+                return report_failure("the reaper of %s is paused; resume it with '" PROGRAM_NAME " reap --resume'",
+                                      store_path(store));
         if (r < 0)
                 return report_failure("cannot reap %s: %s", store_path(store), error_text(r));
 
@@ -605,21 +656,31 @@ const Command command_mount = {
 
 const Command command_reap = {
         .name = "reap",
-        .synopsis = "[--wait] [--raw]",
+        .synopsis = "[--wait] [--raw] | --pause | --resume | --rate BYTES",
         .summary = "Free the space of deleted subvolumes now, and print what was freed.",
         .description =
                 "The reaper forgets deleted subvolumes, folds each layer that has a single child\n"
                 "into it, drops the layers nothing uses and frees the blocks nothing references.\n"
                 "'subvolume delete' starts it in the background; this runs it in the foreground.\n"
                 "Only one reaper runs at a time: if another is running, reap fails and names it,\n"
-                "unless --wait is given.\n",
+                "unless --wait is given.\n"
+                "\n"
+                "--pause, --resume and --rate change what every reaper of the store does, the\n"
+                "ones running included (within a second), and print the settings: a paused\n"
+                "reaper stops and none starts until --resume, and the rate bounds the bytes a\n"
+                "reaper frees per second, so that it never floods the disk the foreground uses.\n",
         .options = (const CommandOption[]) {
                 { ARG_WAIT, "wait", NULL, "if another reaper is running, wait for it, then reap" },
+                { ARG_PAUSE, "pause", NULL, "stop every reaper until --resume" },
+                { ARG_RESUME, "resume", NULL, "let reapers run again" },
+                { ARG_RATE, "rate", "BYTES", "free at most BYTES per second (K, M, G, T; 'none' for no limit)" },
                 {}
         },
         .examples = (const char *const[]) {
                 PROGRAM_NAME " reap",
                 PROGRAM_NAME " --json reap --wait",
+                PROGRAM_NAME " reap --rate 50M",
+                PROGRAM_NAME " reap --pause",
                 NULL,
         },
         .flags = COMMAND_JSON | COMMAND_SIZES,

@@ -293,40 +293,6 @@ static int verb_show(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         return EXIT_SUCCESS;
 }
 
-/* SIZE: a number of bytes with an optional binary unit (K, M, G, T, with or
- * without "iB"), or "none" or 0 for no limit. */
-static int parse_size(const char *text, uint64_t *ret) {
-        static const char units[] = "KMGT";
-        unsigned long long n;
-        const char *unit;
-        char *end;
-
-        if (streq(text, "none")) {
-                *ret = 0;
-                return 0;
-        }
-        if (!isdigit((unsigned char) text[0]))
-                return -EINVAL;
-        errno = 0;
-        n = strtoull(text, &end, 10);
-        if (errno != 0)
-                return -EINVAL;
-        if (*end == 0) {
-                *ret = n;
-                return 0;
-        }
-        unit = strchr(units, toupper((unsigned char) *end));
-        if (!unit || !(streq(end + 1, "") || streq(end + 1, "iB") || streq(end + 1, "B")))
-                return -EINVAL;
-        for (const char *u = units; u <= unit; u++) {
-                if (n > UINT64_MAX / 1024)
-                        return -ERANGE;
-                n *= 1024;
-        }
-        *ret = n;
-        return 0;
-}
-
 static int verb_set_quota(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         _cleanup_store_ Store *store = NULL;
         const char *name, *size;

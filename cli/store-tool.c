@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "store-tool.h"
+#include "string-util.h"
 
 #define COMMAND_OPTIONS_MAX 16
 #define TABLE_COLUMNS_MAX 32
@@ -26,10 +27,6 @@
 
 static bool isempty(const char *s) {
         return !s || !*s;
-}
-
-static bool streq(const char *a, const char *b) {
-        return strcmp(a, b) == 0;
 }
 
 /* ---- errors ---- */
@@ -814,4 +811,38 @@ int main(int argc, char *argv[]) {
 
         r = dispatch(&tool, commands, NULL, argc - optind, argv + optind);
         return finish_output(r);
+}
+
+/* SIZE: a number of bytes with an optional binary unit (K, M, G, T, with or
+ * without "iB"), or "none" or 0 for no limit. */
+int parse_size(const char *text, uint64_t *ret) {
+        static const char units[] = "KMGT";
+        unsigned long long n;
+        const char *unit;
+        char *end;
+
+        if (streq(text, "none")) {
+                *ret = 0;
+                return 0;
+        }
+        if (!isdigit((unsigned char) text[0]))
+                return -EINVAL;
+        errno = 0;
+        n = strtoull(text, &end, 10);
+        if (errno != 0)
+                return -EINVAL;
+        if (*end == 0) {
+                *ret = n;
+                return 0;
+        }
+        unit = strchr(units, toupper((unsigned char) *end));
+        if (!unit || !(streq(end + 1, "") || streq(end + 1, "iB") || streq(end + 1, "B")))
+                return -EINVAL;
+        for (const char *u = units; u <= unit; u++) {
+                if (n > UINT64_MAX / 1024)
+                        return -ERANGE;
+                n *= 1024;
+        }
+        *ret = n;
+        return 0;
 }

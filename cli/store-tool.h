@@ -59,6 +59,9 @@ enum {
         ARG_BACKGROUND,
         ARG_READ_ONLY,
         ARG_DEBUG,
+        ARG_PAUSE,
+        ARG_RESUME,
+        ARG_RATE,
 };
 
 /* An option of one command: its id (a short letter, or an ARG_* value for a
@@ -148,6 +151,10 @@ const char *describe_process(pid_t pid, char buf[static PROCESS_DESCRIPTION_MAX]
 
 /* Opens the store the global options chose: EXIT_SUCCESS or (reported) EXIT_FAILURE. */
 int tool_open_store(const Tool *tool, Store **ret);
+
+/* SIZE: bytes with an optional binary unit (K, M, G, T, with or without
+ * "iB"), or "none" or 0 for no limit. -EINVAL or -ERANGE otherwise. */
+int parse_size(const char *text, uint64_t *ret);
 
 /* Human sizes: "512 B", "1.2 MiB". */
 #define FORMAT_BYTES_MAX 32

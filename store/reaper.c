@@ -152,6 +152,99 @@ static int digest_set_add(DigestSet *set, const Digest *d) {
         }
 }
 
+/* ---- settings, and the pace of a reaper ---- */
+
+static int meta_get_int(Store *s, const char *key, int64_t *ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT value FROM meta WHERE key = ?1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+        r = sqlite_step_row(st);
+        if (r < 0)
+                return r;
+        *ret = r > 0 ? sqlite3_column_int64(st, 0) : 0;
+        return 0;
+}
+
+static int meta_set_int(Store *s, const char *key, int64_t value) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, value);
+        return sqlite_step_done(st);
+}
+
+int store_reaper_settings(Store *s, StoreReaperSettings *ret) {
+        int64_t paused = 0, rate = 0;
+        int r;
+
+        r = meta_get_int(s, "reaper_paused", &paused);
+        if (r >= 0)
+                r = meta_get_int(s, "reaper_rate", &rate);
+        if (r < 0)
+                return r;
+        *ret = (StoreReaperSettings) { .paused = paused != 0, .rate_bytes_per_sec = (uint64_t) MAX(rate, 0) };
+        return 0;
+}
+
+int store_reaper_set_paused(Store *s, bool paused) {
+        return meta_set_int(s, "reaper_paused", paused);
+}
+
+int store_reaper_set_rate(Store *s, uint64_t bytes_per_sec) {
+        if (bytes_per_sec > (uint64_t) INT64_MAX)
+                return -EINVAL;
+        return meta_set_int(s, "reaper_rate", (int64_t) bytes_per_sec);
+}
+
+/* Keeps a reaper within its rate, and stops it when it is paused. The
+ * settings are read again every half second. */
+typedef struct Pace {
+        Store *store;
+        StoreReaperSettings settings;
+        uint64_t checked_usec;
+        uint64_t start_usec;
+        uint64_t bytes;
+} Pace;
+
+#define PACE_CHECK_USEC 500000
+
+static int pace_start(Store *s, Pace *ret) {
+        *ret = (Pace) { .store = s, .start_usec = now_usec() };
+        ret->checked_usec = ret->start_usec;
+        return store_reaper_settings(s, &ret->settings);
+}
+
+/* Called after freeing bytes: sleeps as the rate asks; -EAGAIN if paused. */
+static int pace_step(Pace *p, uint64_t bytes) {
+        uint64_t now = now_usec();
+
+        if (now - p->checked_usec > PACE_CHECK_USEC) {
+                int r = store_reaper_settings(p->store, &p->settings);
+                if (r < 0)
+                        return r;
+                p->checked_usec = now;
+        }
+        if (p->settings.paused)
+                return -EAGAIN;
+        p->bytes += bytes;
+        if (p->settings.rate_bytes_per_sec > 0) {
+                uint64_t due = p->start_usec + p->bytes * 1000000 / p->settings.rate_bytes_per_sec;
+                if (due > now)
+                        (void) usleep((useconds_t) MIN(due - now, (uint64_t) 1000000));
+        }
+        return 0;
+}
+
 /* ---- phases ---- */
 
 static int forget_deleted_subvolumes(Store *s, uint64_t *ret_n) {
@@ -165,7 +258,7 @@ static int forget_deleted_subvolumes(Store *s, uint64_t *ret_n) {
         return 0;
 }
 
-static int drop_dead_layers(Store *s, StoreReapStats *stats) {
+static int drop_dead_layers(Store *s, Pace *pace, StoreReapStats *stats) {
         _cleanup_free_ uint64_t *ids = NULL;
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         size_t n = 0;
@@ -196,10 +289,15 @@ static int drop_dead_layers(Store *s, StoreReapStats *stats) {
         /* The rows are gone first: a crash now leaves files without rows,
          * which the next reap removes. */
         for (size_t i = 0; i < n; i++) {
-                stats->bytes_freed += layer_file_bytes(s, ids[i]);
+                uint64_t bytes = layer_file_bytes(s, ids[i]);
+
                 (void) layer_unlink(s, ids[i]);
+                stats->bytes_freed += bytes;
+                stats->layers_dropped++;
+                r = pace_step(pace, bytes);
+                if (r < 0)
+                        return r;
         }
-        stats->layers_dropped += n;
         return 0;
 }
 
@@ -277,7 +375,7 @@ static int mark_layer(Store *s, uint64_t id, DigestSet *live) {
  * out of their packs. In that order: after a crash in between, a record
  * is left unindexed (space to reclaim), never an index entry whose data is
  * gone that a writer could deduplicate against. */
-static int sweep_blocks(Store *s, const DigestSet *live, StoreReapStats *stats) {
+static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapStats *stats) {
         _cleanup_free_ BlockRow *dead = NULL;
         size_t n = 0, allocated = 0;
         int r;
@@ -324,12 +422,19 @@ static int sweep_blocks(Store *s, const DigestSet *live, StoreReapStats *stats) 
                 }
         }
 
+        /* Once unindexed, the blocks are garbage either way: a pause leaves
+         * the rest of their records for the reclaim of a later reap. */
         for (size_t i = 0; i < n; i++) {
+                uint64_t bytes = sizeof(PackRecordHeader) + dead[i].loc.stored_len;
+
                 r = block_free(s, &dead[i].digest, &dead[i].loc);
                 if (r < 0)
                         return r;
                 stats->blocks_freed++;
-                stats->bytes_freed += sizeof(PackRecordHeader) + dead[i].loc.stored_len;
+                stats->bytes_freed += bytes;
+                r = pace_step(pace, bytes);
+                if (r < 0)
+                        return r;
         }
         return 0;
 }
@@ -470,7 +575,7 @@ static int reclaim_unindexed_records(Store *s, StoreReapStats *stats) {
         return 0;
 }
 
-static int collect_garbage(Store *s, StoreReapStats *stats) {
+static int collect_garbage(Store *s, Pace *pace, StoreReapStats *stats) {
         _cleanup_close_ int intent = -EBADF, gc = -EBADF;
         _cleanup_free_ uint64_t *live_layers = NULL;
         _cleanup_(digest_set_done) DigestSet live = {};
@@ -489,7 +594,7 @@ static int collect_garbage(Store *s, StoreReapStats *stats) {
                 if (r < 0)
                         return r;
         }
-        r = sweep_blocks(s, &live, stats);
+        r = sweep_blocks(s, &live, pace, stats);
         if (r < 0)
                 return r;
         r = remove_empty_packs(s);
@@ -501,6 +606,7 @@ static int collect_garbage(Store *s, StoreReapStats *stats) {
 int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {
         _cleanup_close_ int lock = -EBADF;
         StoreReapStats stats = {};
+        Pace pace;
         char pid[24];
         int r, n;
 
@@ -523,15 +629,21 @@ int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {
         if (ftruncate(lock, 0) < 0 || pwrite(lock, pid, (size_t) n, 0) != n)
                 return -errno;
 
-        r = forget_deleted_subvolumes(s, &stats.subvolumes_forgotten);
+        r = pace_start(s, &pace);
+        if (r >= 0 && pace.settings.paused)
+                r = -EAGAIN;
+        if (r >= 0)
+                r = forget_deleted_subvolumes(s, &stats.subvolumes_forgotten);
         if (r >= 0)
                 r = fold_layers(s, &stats);
         if (r >= 0)
-                r = drop_dead_layers(s, &stats);
+                r = pace_step(&pace, 0);
+        if (r >= 0)
+                r = drop_dead_layers(s, &pace, &stats);
         if (r >= 0)
                 r = remove_orphan_layer_files(s, &stats);
         if (r >= 0)
-                r = collect_garbage(s, &stats);
+                r = collect_garbage(s, &pace, &stats);
         if (ret)
                 *ret = stats;
         return r;

@@ -127,6 +127,21 @@ typedef struct StoreReapStats {
 } StoreReapStats;
 
 int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder);
+/* -EAGAIN: the reaper is paused; what was freed before is in *ret. */
+
+/* Settings every reaper of the store follows, kept in the catalog. Paused,
+ * reapers stop at their next step and new ones do not start (-EAGAIN);
+ * deleted subvolumes wait. The rate bounds the bytes a reaper frees per
+ * second (0: no bound), so that it never floods the disk that serves the
+ * foreground. */
+typedef struct StoreReaperSettings {
+        bool paused;
+        uint64_t rate_bytes_per_sec;
+} StoreReaperSettings;
+
+int store_reaper_settings(Store *s, StoreReaperSettings *ret);
+int store_reaper_set_paused(Store *s, bool paused);
+int store_reaper_set_rate(Store *s, uint64_t bytes_per_sec);
 
 /* Starts a detached reaper process for this store and returns at once. */
 int store_reap_in_background(Store *s);

@@ -75,13 +75,12 @@ def write_synced(root_fd, name, data):
         os.close(fd)
 
 
-def writer(m, ledger, cycle, index, seed, stop):
-    """Works through a descriptor of the mount's root, never by path: once
-    the dead mount is cleaned up, a path would lead to the directory below
-    it, and writes there would succeed."""
+def writer(root_fd, ledger, cycle, index, seed, stop):
+    """Works through a descriptor of the mount's root, opened while it was
+    mounted, never by path: once the dead mount is cleaned up, a path would
+    lead to the directory below it, and writes there would succeed."""
     rnd = random.Random(seed)
     n = 0
-    root_fd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         while not stop.is_set():
             victim = ledger.pick_and_remove(rnd) if rnd.random() < 0.25 else None
@@ -99,8 +98,6 @@ def writer(m, ledger, cycle, index, seed, stop):
     except OSError as e:
         if e.errno not in DEAD_MOUNT:
             raise
-    finally:
-        os.close(root_fd)
 
 
 def kill_a_reaper(store, rnd):
@@ -132,7 +129,8 @@ def one_cycle(store, m, ledger, cycle, rnd):
         print(f'cycle {cycle}: the subvolume is held by {describe_holder(store)}', flush=True)
         raise
     stop = threading.Event()
-    threads = [threading.Thread(target=writer, args=(m, ledger, cycle, i, rnd.getrandbits(32), stop))
+    root_fd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    threads = [threading.Thread(target=writer, args=(root_fd, ledger, cycle, i, rnd.getrandbits(32), stop))
                for i in range(2)]
     failures = []
 
@@ -160,6 +158,10 @@ def one_cycle(store, m, ledger, cycle, rnd):
     for th in runners:
         th.join(timeout=60)
         t.check(not th.is_alive(), 'a writer hangs on a dead mount')
+    try:
+        os.close(root_fd)
+    except OSError:
+        pass  # its mount is gone
     if failures:
         raise failures[0]
 
