@@ -89,7 +89,7 @@ static int handle_request(ControlServer *c, int fd) {
         name = buf + 11;
         if (!store_name_is_valid(name))
                 return -EINVAL;
-        return volume_snapshot_locked_out(c->volume, name, buf[9] == '1');
+        return volume_take_snapshot(c->volume, name, buf[9] == '1');
 }
 
 static void *control_main(void *userdata) {

@@ -262,4 +262,6 @@ ControlServer *control_server_stop(ControlServer *c);
 int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly);
 
 /* ---- volume.c ---- */
-int volume_snapshot_locked_out(struct Volume *v, const char *name, bool readonly);
+/* Snapshots the volume's subvolume on behalf of another process: commits,
+ * seals the top layer and moves onto a new one. */
+int volume_take_snapshot(struct Volume *v, const char *name, bool readonly);

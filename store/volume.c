@@ -444,7 +444,7 @@ const char *volume_name(const Volume *v) {
 
 /* Called by the control server: freezes the top layer at a point where
  * everything written so far is committed, and moves onto a new one. */
-int volume_snapshot_locked_out(Volume *v, const char *name, bool readonly) {
+int volume_take_snapshot(Volume *v, const char *name, bool readonly) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
         int r;
 
