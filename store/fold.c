@@ -111,7 +111,7 @@ static int apply_upper(sqlite3 *db, const char *upper_path, bool bottom) {
                 "INSERT OR REPLACE INTO main.inodes SELECT u.ino, u.mode, u.nlink, u.uid, u.gid, u.rdev, u.size,"
                 "  u.atime_ns, u.mtime_ns, u.ctime_ns, u.parent,"
                 "  min(u.lower_limit, coalesce((SELECT m.lower_limit FROM main.inodes m WHERE m.ino = u.ino),"
-                "                              9223372036854775807)), u.data, u.data_zstd FROM upper.inodes u;"
+                "                              9223372036854775807)), u.data, u.data_zstd, u.data_check FROM upper.inodes u;"
                 "DELETE FROM main.xattrs WHERE ino IN (SELECT ino FROM upper.inodes);"
                 "INSERT OR REPLACE INTO main.xattrs SELECT * FROM upper.xattrs;"
                 "INSERT OR REPLACE INTO main.dentries SELECT * FROM upper.dentries;"

@@ -20,7 +20,8 @@
  * with a NULL digest are holes hiding a lower layer's block; lower_limit is
  * the offset from which the lower layers' extents of an inode no longer
  * count (it shrinks on truncate); data holds a small file's content (zstd
- * compressed if data_zstd) or a symlink's target. */
+ * compressed if data_zstd) or a symlink's target, with data_check, the
+ * XXH3-64 of the stored bytes: SQLite checksums none of its pages. */
 static const char layer_schema[] =
         "CREATE TABLE info(key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;"
         "CREATE TABLE inodes("
@@ -37,7 +38,8 @@ static const char layer_schema[] =
         "  parent INTEGER NOT NULL,"
         "  lower_limit INTEGER NOT NULL,"
         "  data BLOB,"
-        "  data_zstd INTEGER NOT NULL DEFAULT 0);"
+        "  data_zstd INTEGER NOT NULL DEFAULT 0,"
+        "  data_check INTEGER NOT NULL DEFAULT 0);"
         "CREATE TABLE dentries("
         "  parent INTEGER NOT NULL,"
         "  name BLOB NOT NULL,"

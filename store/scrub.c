@@ -177,6 +177,83 @@ static int report_users(Store *s, const Digest *d, StoreDamage *damage, store_da
         return 0;
 }
 
+/* Whether a layer above the given one has a row for ino (which hides it). */
+static int stack_row_hidden(const Stack *st, size_t layer, uint64_t ino) {
+        for (size_t i = 0; i < layer; i++) {
+                int64_t found = 0;
+                char sql[96];
+                int r;
+
+                if (!st->dbs[i])
+                        continue;
+                snprintf(sql, sizeof sql, "SELECT count(*) FROM inodes WHERE ino = %" PRIu64, ino);
+                r = sqlite_query_int(st->dbs[i], sql, &found);
+                if (r < 0)
+                        return r;
+                if (found > 0)
+                        return 1;
+        }
+        return 0;
+}
+
+/* Small files' contents and symlink targets live in the layers' databases,
+ * each with its own checksum: verified here for every visible one. */
+static int scrub_inline(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *stats) {
+        _cleanup_free_ SubvolumeRecord *recs = NULL;
+        size_t n = 0;
+        int r;
+
+        r = catalog_list_subvolumes(s, &recs, &n);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                _cleanup_(stack_done) Stack st = {};
+
+                r = stack_open(s, &recs[i], &st);
+                for (size_t l = 0; r >= 0 && l < st.n; l++) {
+                        _cleanup_stmt_ sqlite3_stmt *q = NULL;
+
+                        if (!st.dbs[l])
+                                continue;
+                        r = sqlite_prepare(st.dbs[l], "SELECT ino, data, data_check FROM inodes WHERE data IS NOT NULL", &q);
+                        while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
+                                uint64_t ino = (uint64_t) sqlite3_column_int64(q, 0);
+                                _cleanup_free_ char *path = NULL;
+                                StoreDamage damage;
+
+                                stats->blocks_checked++;
+                                stats->bytes_checked += (uint64_t) sqlite3_column_bytes(q, 1);
+                                if (inline_check(sqlite3_column_blob(q, 1), (size_t) sqlite3_column_bytes(q, 1)) ==
+                                    (uint64_t) sqlite3_column_int64(q, 2))
+                                        continue;
+                                r = stack_row_hidden(&st, l, ino);
+                                if (r != 0)
+                                        continue; /* another layer's row is the one in use */
+                                block_count_corruption(s);
+                                stats->blocks_damaged++;
+                                damage = (StoreDamage) {
+                                        .reason = "inline content checksum mismatch",
+                                        .subvolume = recs[i].name,
+                                };
+                                snprintf(damage.digest, sizeof damage.digest, "layer %" PRIu64 " inode %" PRIu64,
+                                         st.ids[l], ino);
+                                if (stack_path(&st, ino, &path) >= 0)
+                                        damage.path = path;
+                                stats->files_damaged++;
+                                if (cb)
+                                        cb(&damage, userdata);
+                        }
+                }
+                subvolume_record_clear(&recs[i]);
+                if (r < 0) {
+                        for (size_t j = i + 1; j < n; j++)
+                                subvolume_record_clear(&recs[j]);
+                        return r;
+                }
+        }
+        return 0;
+}
+
 int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *ret) {
         _cleanup_free_ BlockRow *rows = NULL;
         _cleanup_free_ uint8_t *buf = NULL;
@@ -217,6 +294,9 @@ int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *r
                                 return r;
                 }
         }
+        r = scrub_inline(s, cb, userdata, &stats);
+        if (r < 0)
+                return r;
         if (ret)
                 *ret = stats;
         return 0;

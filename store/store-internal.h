@@ -44,6 +44,9 @@ typedef struct Digest {
 
 void digest_to_hex(const Digest *d, char ret[static 33]);
 
+/* The checksum of an inline content or symlink target as stored. */
+uint64_t inline_check(const void *stored, size_t len);
+
 typedef struct SpaceGuard {
         pthread_mutex_t lock;
         uint64_t free_bytes;    /* of the host file system, at the last look */

@@ -61,7 +61,7 @@ static int layer_prepare(VolumeLayer *l) {
         static const PreparedQuery queries[] = {
                 { offsetof(VolumeLayer, get_inode),
                   "SELECT mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, parent, lower_limit, data, "
-                  "data_zstd "
+                  "data_zstd, data_check "
                   "FROM inodes WHERE ino = ?1" },
                 { offsetof(VolumeLayer, get_dentry), "SELECT ino, type FROM dentries WHERE parent = ?1 AND name = ?2" },
                 { offsetof(VolumeLayer, list_dentries), "SELECT name, ino, type FROM dentries WHERE parent = ?1" },
@@ -79,7 +79,8 @@ static int top_prepare(Volume *v) {
         static const PreparedQuery queries[] = {
                 { offsetof(TopStatements, put_inode),
                   "INSERT OR REPLACE INTO inodes(ino, mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, "
-                  "parent, lower_limit, data, data_zstd) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)" },
+                  "parent, lower_limit, data, data_zstd, data_check) "
+                  "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)" },
                 { offsetof(TopStatements, delete_inode), "DELETE FROM inodes WHERE ino = ?1" },
                 { offsetof(TopStatements, put_dentry),
                   "INSERT OR REPLACE INTO dentries(parent, name, ino, type) VALUES (?1, ?2, ?3, ?4)" },
@@ -484,8 +485,14 @@ int volume_take_snapshot(Volume *v, const char *name, bool readonly) {
 /* ---- rows through the stack ---- */
 
 /* Small files' contents are stored compressed when that saves an eighth. */
-static int inline_decode(Volume *v, const void *stored, size_t stored_len, bool compressed, InodeRow *row) {
+static int inline_decode(Volume *v, const void *stored, size_t stored_len, bool compressed, uint64_t check,
+                         InodeRow *row) {
         size_t n;
+
+        if (inline_check(stored, stored_len) != check) {
+                block_count_corruption(v->store);
+                return -EIO;
+        }
 
         row->has_data = true;
         row->data = malloc(compressed ? INLINE_MAX : MAX(stored_len, 1u));
@@ -523,7 +530,7 @@ static int inode_from_stmt(Volume *v, sqlite3_stmt *st, uint64_t ino, size_t lay
         if (sqlite3_column_type(st, 11) == SQLITE_NULL)
                 return 0;
         return inline_decode(v, sqlite3_column_blob(st, 11), (size_t) sqlite3_column_bytes(st, 11),
-                             sqlite3_column_int(st, 12) != 0, ret);
+                             sqlite3_column_int(st, 12) != 0, (uint64_t) sqlite3_column_int64(st, 13), ret);
 }
 
 int inode_get(Volume *v, uint64_t ino, InodeRow *ret) {
@@ -582,15 +589,19 @@ int inode_put(Volume *v, const InodeRow *row) {
                         if (ZSTD_isError(n) || n > row->data_len - row->data_len / 8)
                                 n = 0;
                 }
-                if (n > 0)
+                if (n > 0) {
                         sqlite3_bind_blob(st, 13, v->inline_scratch, (int) n, SQLITE_STATIC);
-                else
+                        sqlite3_bind_int64(st, 15, (sqlite3_int64) inline_check(v->inline_scratch, n));
+                } else {
                         sqlite3_bind_blob(st, 13, row->data_len > 0 ? (const void *) row->data : "",
                                           (int) row->data_len, SQLITE_STATIC);
+                        sqlite3_bind_int64(st, 15, (sqlite3_int64) inline_check(row->data, row->data_len));
+                }
                 sqlite3_bind_int(st, 14, n > 0);
         } else {
                 sqlite3_bind_null(st, 13);
                 sqlite3_bind_int(st, 14, 0);
+                sqlite3_bind_int64(st, 15, 0);
         }
         r = sqlite_step_done(st);
         sqlite3_clear_bindings(st);

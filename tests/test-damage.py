@@ -46,6 +46,18 @@ def block_locations(store, layer_ids, name):
     t.fail(f'{name} is in no layer of the subvolume')
 
 
+def damage_inline(store, layer, name):
+    db = sqlite3.connect(J(store.path, 'layers', f'{layer}.db'))
+    ino, data = db.execute('SELECT i.ino, i.data FROM dentries d JOIN inodes i ON i.ino = d.ino '
+                           'WHERE d.parent = 1 AND d.name = ?', (name.encode(),)).fetchone()
+    t.check(data is not None, f'{name} is not stored inline')
+    data = bytearray(data)
+    data[len(data) // 2] ^= 0x20
+    db.execute('UPDATE inodes SET data = ? WHERE ino = ?', (bytes(data), ino))
+    db.commit()
+    db.close()
+
+
 def top_layer(store, subvolume):
     return store.show(subvolume)['top_layer']
 
@@ -78,6 +90,15 @@ def read_chunks(path, expected):
     return bad
 
 
+def read_or_fail(path, expected):
+    """As read_chunks; a damaged inline file fails as a whole, even to open."""
+    try:
+        return read_chunks(path, expected)
+    except OSError as e:
+        t.check(e.errno == errno.EIO, f'{path}: {e}, expected EIO or the data')
+        return [0]
+
+
 def run():
     t.require_fuse()
     files = {
@@ -88,6 +109,8 @@ def run():
         'shared-two.bin': t.random_bytes(2 * BLOCK, 4),       # the same blocks, stored once
         'intact-one.bin': t.random_bytes(3 * BLOCK, 5),
         'intact-two.txt': t.pattern_bytes(3 * BLOCK, 6),
+        'small-inline.txt': t.pattern_bytes(3000, 7),          # kept in the layer's database
+        'small-intact.txt': t.pattern_bytes(2000, 8),
     }
     with t.Store('damage') as store:
         store.create('main')
@@ -99,7 +122,7 @@ def run():
         store.run('scrub')
 
         layers = [top_layer(store, 'copy')]
-        where = {name: block_locations(store, layers, name) for name in files}
+        where = {name: block_locations(store, layers, name) for name in files if not name.startswith('small-')}
         t.check_equal(where['shared-one.bin'], where['shared-two.bin'], 'blocks of two identical files')
 
         # A range of zeros inside the payload of the third block.
@@ -118,7 +141,12 @@ def run():
         pack, offset, stored = where['shared-one.bin'][1]
         damage(store, pack, offset + HEADER + stored // 2, b'\x00\x01\x02\x03')
 
+        # A byte of a small file's content in the layer's database, behind
+        # SQLite's back, as a failing disk would.
+        damage_inline(store, layers[0], 'small-inline.txt')
+
         expected_bad = {
+            'small-inline.txt': [0],
             'zeroed-compressible.txt': [2 * BLOCK],
             'header-flipped.bin': [0],
             'truncated-last.bin': [4 * BLOCK],
@@ -128,7 +156,7 @@ def run():
         for subvolume in ('main', 'copy'):
             with store.mount(subvolume, readonly=True) as m:
                 for name, content in sorted(files.items()):
-                    bad = read_chunks(m.p(name), content)
+                    bad = read_or_fail(m.p(name), content)
                     t.check_equal(bad, expected_bad.get(name, []), f'{subvolume}/{name}: blocks that give EIO')
 
         r = store.run('scrub', expect=1)
