@@ -126,50 +126,84 @@ static int stack_path(const Stack *st, uint64_t ino, char **ret) {
         return *ret ? 0 : -ENOMEM;
 }
 
-/* Calls back once per (subvolume, path) that uses the block. */
-static int report_users(Store *s, const Digest *d, StoreDamage *damage, store_damage_cb cb, void *userdata,
-                        uint64_t *files) {
+/* Calls fn for the stack of every live subvolume. */
+typedef int (*stack_fn)(Store *s, const Stack *st, void *userdata);
+
+static int for_each_stack(Store *s, stack_fn fn, void *userdata) {
         _cleanup_free_ SubvolumeRecord *recs = NULL;
         size_t n = 0;
-        bool any = false;
         int r;
 
         r = catalog_list_subvolumes(s, &recs, &n);
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n; i++) {
-                _cleanup_(stack_done) Stack st = {};
+                if (r >= 0) {
+                        _cleanup_(stack_done) Stack st = {};
 
-                r = stack_open(s, &recs[i], &st);
-                for (size_t l = 0; r >= 0 && l < st.n; l++) {
-                        _cleanup_stmt_ sqlite3_stmt *q = NULL;
-
-                        if (!st.dbs[l])
-                                continue;
-                        r = sqlite_prepare(st.dbs[l], "SELECT DISTINCT ino FROM extents WHERE digest = ?1", &q);
-                        if (r < 0)
-                                break;
-                        sqlite3_bind_blob(q, 1, d->bytes, sizeof d->bytes, SQLITE_STATIC);
-                        while ((r = sqlite_step_row(q)) > 0) {
-                                _cleanup_free_ char *path = NULL;
-
-                                if (stack_path(&st, (uint64_t) sqlite3_column_int64(q, 0), &path) < 0)
-                                        continue;
-                                damage->subvolume = recs[i].name;
-                                damage->path = path;
-                                cb(damage, userdata);
-                                (*files)++;
-                                any = true;
-                        }
+                        r = stack_open(s, &recs[i], &st);
+                        if (r >= 0)
+                                r = fn(s, &st, userdata);
                 }
                 subvolume_record_clear(&recs[i]);
-                if (r < 0) {
-                        for (size_t j = i + 1; j < n; j++)
-                                subvolume_record_clear(&recs[j]);
-                        return r;
-                }
         }
-        if (!any) {
+        return r;
+}
+
+/* What a damaged block or row is reported with. */
+typedef struct DamageReport {
+        StoreDamage *damage;
+        store_damage_cb cb;
+        void *userdata;
+        StoreScrubStats *stats;
+        const Digest *digest;
+        bool reported;
+} DamageReport;
+
+static void report_damage(DamageReport *rep, const Stack *st, uint64_t ino) {
+        _cleanup_free_ char *path = NULL;
+
+        if (stack_path(st, ino, &path) < 0)
+                return; /* not reachable in this subvolume */
+        rep->damage->subvolume = st->subvolume;
+        rep->damage->path = path;
+        if (rep->cb)
+                rep->cb(rep->damage, rep->userdata);
+        rep->damage->path = NULL;
+        rep->stats->files_damaged++;
+        rep->reported = true;
+}
+
+static int report_block_users(Store *s, const Stack *st, void *userdata) {
+        DamageReport *rep = userdata;
+        int r = 0;
+
+        for (size_t l = 0; r >= 0 && l < st->n; l++) {
+                _cleanup_stmt_ sqlite3_stmt *q = NULL;
+
+                if (!st->dbs[l])
+                        continue;
+                r = sqlite_prepare(st->dbs[l], "SELECT DISTINCT ino FROM extents WHERE digest = ?1", &q);
+                if (r < 0)
+                        break;
+                sqlite3_bind_blob(q, 1, rep->digest->bytes, sizeof rep->digest->bytes, SQLITE_STATIC);
+                while ((r = sqlite_step_row(q)) > 0)
+                        report_damage(rep, st, (uint64_t) sqlite3_column_int64(q, 0));
+        }
+        return r;
+}
+
+/* Calls back once per (subvolume, path) that uses the block, or once with
+ * neither if no file uses it. */
+static int report_users(Store *s, const Digest *d, StoreDamage *damage, store_damage_cb cb, void *userdata,
+                        StoreScrubStats *stats) {
+        DamageReport rep = { .damage = damage, .cb = cb, .userdata = userdata, .stats = stats, .digest = d };
+        int r;
+
+        r = for_each_stack(s, report_block_users, &rep);
+        if (r < 0)
+                return r;
+        if (!rep.reported) {
                 damage->subvolume = NULL;
                 damage->path = NULL;
                 cb(damage, userdata);
@@ -198,60 +232,37 @@ static int stack_row_hidden(const Stack *st, size_t layer, uint64_t ino) {
 
 /* Small files' contents and symlink targets live in the layers' databases,
  * each with its own checksum: verified here for every visible one. */
-static int scrub_inline(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *stats) {
-        _cleanup_free_ SubvolumeRecord *recs = NULL;
-        size_t n = 0;
-        int r;
+static int scrub_inline_stack(Store *s, const Stack *st, void *userdata) {
+        DamageReport *rep = userdata;
+        int r = 0;
 
-        r = catalog_list_subvolumes(s, &recs, &n);
-        if (r < 0)
-                return r;
-        for (size_t i = 0; i < n; i++) {
-                _cleanup_(stack_done) Stack st = {};
+        for (size_t l = 0; r >= 0 && l < st->n; l++) {
+                _cleanup_stmt_ sqlite3_stmt *q = NULL;
 
-                r = stack_open(s, &recs[i], &st);
-                for (size_t l = 0; r >= 0 && l < st.n; l++) {
-                        _cleanup_stmt_ sqlite3_stmt *q = NULL;
+                if (!st->dbs[l])
+                        continue;
+                r = sqlite_prepare(st->dbs[l], "SELECT ino, data, data_check FROM inodes WHERE data IS NOT NULL", &q);
+                while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
+                        uint64_t ino = (uint64_t) sqlite3_column_int64(q, 0);
+                        StoreDamage damage = { .reason = "inline content checksum mismatch" };
 
-                        if (!st.dbs[l])
+                        rep->stats->blocks_checked++;
+                        rep->stats->bytes_checked += (uint64_t) sqlite3_column_bytes(q, 1);
+                        if (inline_check(sqlite3_column_blob(q, 1), (size_t) sqlite3_column_bytes(q, 1)) ==
+                            (uint64_t) sqlite3_column_int64(q, 2))
                                 continue;
-                        r = sqlite_prepare(st.dbs[l], "SELECT ino, data, data_check FROM inodes WHERE data IS NOT NULL", &q);
-                        while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
-                                uint64_t ino = (uint64_t) sqlite3_column_int64(q, 0);
-                                _cleanup_free_ char *path = NULL;
-                                StoreDamage damage;
-
-                                stats->blocks_checked++;
-                                stats->bytes_checked += (uint64_t) sqlite3_column_bytes(q, 1);
-                                if (inline_check(sqlite3_column_blob(q, 1), (size_t) sqlite3_column_bytes(q, 1)) ==
-                                    (uint64_t) sqlite3_column_int64(q, 2))
-                                        continue;
-                                r = stack_row_hidden(&st, l, ino);
-                                if (r != 0)
-                                        continue; /* another layer's row is the one in use */
-                                block_count_corruption(s);
-                                stats->blocks_damaged++;
-                                damage = (StoreDamage) {
-                                        .reason = "inline content checksum mismatch",
-                                        .subvolume = recs[i].name,
-                                };
-                                snprintf(damage.digest, sizeof damage.digest, "layer %" PRIu64 " inode %" PRIu64,
-                                         st.ids[l], ino);
-                                if (stack_path(&st, ino, &path) >= 0)
-                                        damage.path = path;
-                                stats->files_damaged++;
-                                if (cb)
-                                        cb(&damage, userdata);
-                        }
-                }
-                subvolume_record_clear(&recs[i]);
-                if (r < 0) {
-                        for (size_t j = i + 1; j < n; j++)
-                                subvolume_record_clear(&recs[j]);
-                        return r;
+                        r = stack_row_hidden(st, l, ino);
+                        if (r != 0)
+                                continue; /* another layer's row is the one in use */
+                        block_count_corruption(s);
+                        rep->stats->blocks_damaged++;
+                        snprintf(damage.digest, sizeof damage.digest, "layer %" PRIu64 " inode %" PRIu64,
+                                 st->ids[l], ino);
+                        rep->damage = &damage;
+                        report_damage(rep, st, ino);
                 }
         }
-        return 0;
+        return r;
 }
 
 int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *ret) {
@@ -289,12 +300,12 @@ int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *r
                 };
                 digest_to_hex(&rows[i].digest, damage.digest);
                 if (cb) {
-                        r = report_users(s, &rows[i].digest, &damage, cb, userdata, &stats.files_damaged);
+                        r = report_users(s, &rows[i].digest, &damage, cb, userdata, &stats);
                         if (r < 0)
                                 return r;
                 }
         }
-        r = scrub_inline(s, cb, userdata, &stats);
+        r = for_each_stack(s, scrub_inline_stack, &(DamageReport) { .cb = cb, .userdata = userdata, .stats = &stats });
         if (r < 0)
                 return r;
         if (ret)
