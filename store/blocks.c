@@ -27,6 +27,8 @@
 #include "store-internal.h"
 
 #define PACK_MAX_BYTES (1024ull * 1024 * 1024)
+/* Tests make packs small to make many of them: $COWBOX_PACK_MAX_BYTES. */
+#define PACK_MAX_BYTES_MIN (256ull * 1024)
 #define PACK_FD_CACHE 64
 #define READ_CACHE_SLOTS 64
 #define ZSTD_LEVEL 3
@@ -51,8 +53,10 @@ typedef struct PackFd {
 struct Packs {
         pthread_mutex_t lock;
 
-        /* The pack this process appends to. */
+        /* The pack this process appends to, and the size at which it moves
+         * on to a new one. */
         int writer_fd;
+        uint64_t pack_max_bytes;
         /* Full packs whose last blocks are not indexed yet: they stay locked
          * until they are, or the reaper would take those blocks for a dead
          * writer's leftovers. */
@@ -84,6 +88,20 @@ static size_t record_max(void) {
         return sizeof(PackRecordHeader) + ZSTD_compressBound(STORE_BLOCK_SIZE);
 }
 
+static uint64_t pack_max_bytes(void) {
+        const char *e = secure_getenv("COWBOX_PACK_MAX_BYTES");
+        unsigned long long n;
+        char *end;
+
+        if (!e)
+                return PACK_MAX_BYTES;
+        errno = 0;
+        n = strtoull(e, &end, 10);
+        if (errno != 0 || *end != 0 || n == 0)
+                return PACK_MAX_BYTES;
+        return MIN(MAX((uint64_t) n, PACK_MAX_BYTES_MIN), PACK_MAX_BYTES);
+}
+
 int packs_new(Store *s, struct Packs **ret) {
         struct Packs *p;
 
@@ -92,6 +110,7 @@ int packs_new(Store *s, struct Packs **ret) {
                 return -ENOMEM;
         pthread_mutex_init(&p->lock, NULL);
         p->writer_fd = -EBADF;
+        p->pack_max_bytes = pack_max_bytes();
         for (size_t i = 0; i < ELEMENTSOF(p->retired_fds); i++)
                 p->retired_fds[i] = -EBADF;
         for (size_t i = 0; i < PACK_FD_CACHE; i++)
@@ -291,7 +310,7 @@ int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLoca
                 return r;
 
         MUTEX_LOCKED(&p->lock);
-        if (p->writer_fd < 0 || p->writer_end >= PACK_MAX_BYTES) {
+        if (p->writer_fd < 0 || p->writer_end >= p->pack_max_bytes) {
                 if (p->writer_fd >= 0 && p->writer_unsynced && fdatasync(p->writer_fd) < 0)
                         return -errno;
                 r = writer_open_new_pack(s);

@@ -9,6 +9,9 @@ consistent, scrub finds no damage, and a reap gives back the space of the
 half-done work.
 
   COWBOX_CRASHLOOP_KILLS=N    server kills (default 200)
+
+Packs are made small (1 MiB), so that servers move on to new packs all the
+time while reapers reclaim what dead writers left.
   COWBOX_SEED=N               replay a run (the seed is printed)
 """
 
@@ -196,6 +199,7 @@ def run():
     print(f'seed {seed}, {kills} kills (replay: COWBOX_SEED={seed})', flush=True)
     rnd = random.Random(seed)
     ledger = Ledger()
+    os.environ['COWBOX_PACK_MAX_BYTES'] = str(1024 * 1024)
     with t.Store('crashloop') as store:
         store.create('loop')
         m = store.mount('loop')
