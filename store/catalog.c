@@ -413,22 +413,30 @@ int catalog_metadata_bytes(Store *s, uint64_t *ret_bytes, uint64_t *ret_layers) 
         return 0;
 }
 
-int catalog_list_blocks(Store *s, BlockRow **ret, size_t *ret_n) {
+int catalog_list_blocks(Store *s, uint64_t pack, BlockRow **ret, size_t *ret_n) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         _cleanup_free_ BlockRow *rows = NULL;
         size_t n = 0, allocated = 0;
         int r;
 
         CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, "SELECT digest, pack, offset, stored_len, raw_len FROM blocks ORDER BY pack, offset", &st);
+        r = sqlite_prepare(s->catalog,
+                           "SELECT digest, pack, offset, stored_len, raw_len FROM blocks "
+                           "WHERE ?1 = 0 OR pack = ?1 ORDER BY pack, offset", &st);
         if (r < 0)
                 return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) pack);
         while ((r = sqlite_step_row(st)) > 0) {
-                if (sqlite3_column_bytes(st, 0) != sizeof(Digest))
-                        continue;
+                size_t len = (size_t) sqlite3_column_bytes(st, 0);
+
                 if (!GREEDY_REALLOC(rows, allocated, n + 1))
                         return -ENOMEM;
-                memcpy(rows[n].digest.bytes, sqlite3_column_blob(st, 0), sizeof(Digest));
+                /* A digest of the wrong length (a damaged index) stays zero: it
+                 * matches no block, so scrub reports the row, and the row still
+                 * keeps its record from the reaper's reclaim. */
+                rows[n].digest = (Digest) {};
+                memcpy(rows[n].digest.bytes, sqlite3_column_blob(st, 0) ?: "",
+                       len == sizeof(Digest) ? len : 0);
                 rows[n].loc = (BlockLocation) {
                         .pack = (uint64_t) sqlite3_column_int64(st, 1),
                         .offset = (uint64_t) sqlite3_column_int64(st, 2),

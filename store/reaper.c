@@ -480,33 +480,6 @@ static int remove_empty_packs(Store *s) {
         return 0;
 }
 
-static int pack_rows(Store *s, uint64_t pack, BlockRow **ret, size_t *ret_n) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
-        _cleanup_free_ BlockRow *rows = NULL;
-        size_t n = 0, allocated = 0;
-        int r;
-
-        CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, "SELECT offset, stored_len FROM blocks WHERE pack = ?1 ORDER BY offset", &st);
-        if (r < 0)
-                return r;
-        sqlite3_bind_int64(st, 1, (sqlite3_int64) pack);
-        while ((r = sqlite_step_row(st)) > 0) {
-                if (!GREEDY_REALLOC(rows, allocated, n + 1))
-                        return -ENOMEM;
-                rows[n++].loc = (BlockLocation) {
-                        .pack = pack,
-                        .offset = (uint64_t) sqlite3_column_int64(st, 0),
-                        .stored_len = (uint32_t) sqlite3_column_int(st, 1),
-                };
-        }
-        if (r < 0)
-                return r;
-        *ret = TAKE_PTR(rows);
-        *ret_n = n;
-        return 0;
-}
-
 /* Punches out of a pack everything between its indexed records: records a
  * crashed writer appended but never indexed, and duplicates that lost the
  * race to the index. Only packs that no writer holds, and the index is read
@@ -528,7 +501,7 @@ static int reclaim_pack_gaps(Store *s, uint64_t pack, StoreReapStats *stats) {
                 return 0; /* a writer appends to it */
         if (fstat(fd, &st) < 0)
                 return -errno;
-        r = pack_rows(s, pack, &rows, &n);
+        r = catalog_list_blocks(s, pack, &rows, &n);
         if (r < 0)
                 return r;
 

@@ -275,7 +275,7 @@ int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *r
         buf = malloc(STORE_BLOCK_SIZE);
         if (!buf)
                 return -ENOMEM;
-        r = catalog_list_blocks(s, &rows, &n);
+        r = catalog_list_blocks(s, 0, &rows, &n);
         if (r < 0)
                 return r;
 

@@ -130,9 +130,10 @@ int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n);
 int catalog_block_totals(Store *s, uint64_t *ret_blocks, uint64_t *ret_bytes);
 int catalog_metadata_bytes(Store *s, uint64_t *ret_bytes, uint64_t *ret_layers);
 
-/* Every block of the index, sorted by pack and offset. */
+/* The blocks of the index in one pack (every pack if 0), sorted by pack
+ * and offset. */
 struct BlockRow;
-int catalog_list_blocks(Store *s, struct BlockRow **ret, size_t *ret_n);
+int catalog_list_blocks(Store *s, uint64_t pack, struct BlockRow **ret, size_t *ret_n);
 
 /* ---- layer.c ---- */
 typedef struct LayerCounters {
