@@ -532,6 +532,49 @@ int block_read(Store *s, const Digest *d, void *buf) {
         return block_read_at(s, d, &loc, buf);
 }
 
+int block_read_stored_zstd(Store *s, const Digest *d, void *buf, size_t *ret_len) {
+        _cleanup_free_ uint8_t *plain = NULL;
+        struct Packs *p = s->packs;
+        const PackRecordHeader *h;
+        BlockLocation loc;
+        size_t len;
+        ssize_t k;
+        int fd, r;
+
+        r = block_lookup(s, d, &loc);
+        if (r == -ENOENT)
+                return -EIO;
+        if (r < 0)
+                return r;
+        if (loc.stored_len > ZSTD_compressBound(STORE_BLOCK_SIZE))
+                return -EIO;
+        plain = malloc(STORE_BLOCK_SIZE);
+        if (!plain)
+                return -ENOMEM;
+
+        MUTEX_LOCKED(&p->lock);
+        fd = pack_fd(s, loc.pack);
+        if (fd < 0)
+                return fd == -ENOENT ? -EIO : fd;
+        len = sizeof(PackRecordHeader) + loc.stored_len;
+        k = pread(fd, p->scratch, len, (off_t) loc.offset);
+        if (k < 0)
+                return -errno;
+        /* Decoding verifies every checksum of the record. */
+        r = pack_record_decode(s, p->scratch, (size_t) k == len ? len : sizeof(PackRecordHeader) - 1,
+                               d, plain, NULL);
+        if (r == -EIO)
+                block_count_corruption(s);
+        if (r < 0)
+                return r;
+        h = (const PackRecordHeader *) p->scratch;
+        if (h->compression != PACK_COMPRESSION_ZSTD || h->stored_len > STORE_BLOCK_SIZE)
+                return -ENODATA;
+        memcpy(buf, p->scratch + sizeof *h, h->stored_len);
+        *ret_len = h->stored_len;
+        return 0;
+}
+
 int block_free(Store *s, const Digest *d, const BlockLocation *loc) {
         _cleanup_close_ int fd = -EBADF;
         char name[32];

@@ -13,6 +13,14 @@
 #include "sqlite-util.h"
 #include "store-internal.h"
 
+/* Columns added after the first format: what a send stream says of an
+ * image (the sender's UUID and transaction id) and the subvolume's own
+ * transaction id. A store made before them gets them at open. */
+#define SUBVOLUME_IMAGE_COLUMNS_SQL                        \
+        "  received_uuid TEXT NOT NULL DEFAULT '',"        \
+        "  ctransid INTEGER NOT NULL DEFAULT 0,"           \
+        "  stransid INTEGER NOT NULL DEFAULT 0"
+
 static const char catalog_schema[] =
         "CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
         "CREATE TABLE layers("
@@ -29,7 +37,8 @@ static const char catalog_schema[] =
         "  created_usec INTEGER NOT NULL,"
         "  top_layer INTEGER NOT NULL REFERENCES layers(id),"
         "  quota_bytes INTEGER NOT NULL DEFAULT 0,"
-        "  deleted INTEGER NOT NULL DEFAULT 0);"
+        "  deleted INTEGER NOT NULL DEFAULT 0,"
+        SUBVOLUME_IMAGE_COLUMNS_SQL ");"
         "CREATE UNIQUE INDEX subvolumes_live_name ON subvolumes(name) WHERE deleted = 0;"
         "CREATE TABLE packs(id INTEGER PRIMARY KEY AUTOINCREMENT, created_usec INTEGER NOT NULL);"
         "CREATE TABLE blocks("
@@ -39,7 +48,7 @@ static const char catalog_schema[] =
         "  stored_len INTEGER NOT NULL,"
         "  raw_len INTEGER NOT NULL) WITHOUT ROWID;"
         "CREATE TABLE counters(key TEXT PRIMARY KEY, value INTEGER NOT NULL);"
-        "INSERT INTO counters VALUES ('corruption_events', 0);";
+        "INSERT INTO counters VALUES ('corruption_events', 0), ('transid', 0);";
 
 /* The layers reachable from the tops of live subvolumes. */
 #define LIVE_LAYERS_CTE                                                                \
@@ -50,6 +59,38 @@ static const char catalog_schema[] =
 
 int catalog_create_schema(sqlite3 *db) {
         return sqlite_exec(db, catalog_schema);
+}
+
+int catalog_upgrade(sqlite3 *db) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+
+        if (sqlite_prepare(db, "SELECT received_uuid FROM subvolumes LIMIT 0", &st) >= 0)
+                return 0;
+        return sqlite_exec(db,
+                           "BEGIN IMMEDIATE;"
+                           "ALTER TABLE subvolumes ADD COLUMN received_uuid TEXT NOT NULL DEFAULT '';"
+                           "ALTER TABLE subvolumes ADD COLUMN ctransid INTEGER NOT NULL DEFAULT 0;"
+                           "ALTER TABLE subvolumes ADD COLUMN stransid INTEGER NOT NULL DEFAULT 0;"
+                           "INSERT OR IGNORE INTO counters VALUES ('transid', 0);"
+                           "COMMIT");
+}
+
+int catalog_next_transid(Store *s, uint64_t *ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog,
+                           "UPDATE counters SET value = value + 1 WHERE key = 'transid' RETURNING value", &st);
+        if (r < 0)
+                return r;
+        r = sqlite_step_row(st);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return -EUCLEAN;
+        *ret = (uint64_t) sqlite3_column_int64(st, 0);
+        return 0;
 }
 
 void subvolume_record_clear(SubvolumeRecord *r) {
@@ -64,16 +105,21 @@ static int subvolume_record_from_row(sqlite3_stmt *st, SubvolumeRecord *ret) {
                 .created_usec = (uint64_t) sqlite3_column_int64(st, 5),
                 .top_layer = (uint64_t) sqlite3_column_int64(st, 6),
                 .quota_bytes = (uint64_t) sqlite3_column_int64(st, 7),
+                .ctransid = (uint64_t) sqlite3_column_int64(st, 9),
+                .stransid = (uint64_t) sqlite3_column_int64(st, 10),
         };
         ret->name = strdup((const char *) sqlite3_column_text(st, 1));
         if (!ret->name)
                 return -ENOMEM;
         snprintf(ret->uuid, sizeof ret->uuid, "%s", (const char *) sqlite3_column_text(st, 2));
         snprintf(ret->parent_uuid, sizeof ret->parent_uuid, "%s", (const char *) sqlite3_column_text(st, 3));
+        snprintf(ret->received_uuid, sizeof ret->received_uuid, "%s", (const char *) sqlite3_column_text(st, 8));
         return 0;
 }
 
-#define SUBVOLUME_COLUMNS "id, name, uuid, parent_uuid, readonly, created_usec, top_layer, quota_bytes"
+#define SUBVOLUME_COLUMNS \
+        "id, name, uuid, parent_uuid, readonly, created_usec, top_layer, quota_bytes, " \
+        "received_uuid, ctransid, stransid"
 
 static int find_subvolume(Store *s, const char *sql, const char *name, uint64_t id, SubvolumeRecord *ret) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
@@ -103,6 +149,15 @@ int catalog_find_subvolume(Store *s, const char *name, SubvolumeRecord *ret) {
 int catalog_find_subvolume_by_id(Store *s, uint64_t id, SubvolumeRecord *ret) {
         return find_subvolume(s, "SELECT " SUBVOLUME_COLUMNS " FROM subvolumes WHERE id = ?1 AND deleted = 0",
                               NULL, id, ret);
+}
+
+int catalog_find_subvolume_by_uuid(Store *s, const char *uuid, bool received, SubvolumeRecord *ret) {
+        if (received)
+                return find_subvolume(s, "SELECT " SUBVOLUME_COLUMNS " FROM subvolumes "
+                                         "WHERE received_uuid = ?1 AND deleted = 0 ORDER BY id DESC LIMIT 1",
+                                      uuid, 0, ret);
+        return find_subvolume(s, "SELECT " SUBVOLUME_COLUMNS " FROM subvolumes WHERE uuid = ?1 AND deleted = 0",
+                              uuid, 0, ret);
 }
 
 int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n) {
@@ -202,15 +257,19 @@ static int set_top_layer(Store *s, uint64_t subvolume, uint64_t layer) {
 static int insert_snapshot_record(Store *s, const SubvolumeRecord *source, const char *name,
                                   bool readonly, uint64_t top) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        uint64_t transid;
         char uuid[37];
         int r;
 
         r = uuid_generate_string(uuid);
         if (r < 0)
                 return r;
+        r = catalog_next_transid(s, &transid);
+        if (r < 0)
+                return r;
         r = sqlite_prepare(s->catalog,
                            "INSERT INTO subvolumes(name, uuid, parent_uuid, readonly, created_usec, top_layer, "
-                           "quota_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)", &st);
+                           "quota_bytes, ctransid) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)", &st);
         if (r < 0)
                 return r;
         sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
@@ -220,6 +279,7 @@ static int insert_snapshot_record(Store *s, const SubvolumeRecord *source, const
         sqlite3_bind_int64(st, 5, (sqlite3_int64) now_usec());
         sqlite3_bind_int64(st, 6, (sqlite3_int64) top);
         sqlite3_bind_int64(st, 7, (sqlite3_int64) source->quota_bytes); /* a snapshot keeps the limit */
+        sqlite3_bind_int64(st, 8, (sqlite3_int64) transid);
         return sqlite_step_done(st);
 }
 
@@ -251,6 +311,50 @@ int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, 
         r = insert_snapshot_record(s, source, name, readonly, snapshot_top);
         if (r < 0)
                 goto fail;
+        return sqlite_commit(s->catalog);
+fail:
+        sqlite_rollback(s->catalog);
+        return r;
+}
+
+/* A subvolume made read-only keeps its top layer, frozen (sealed by the
+ * caller); one made writable gets a new empty layer above it, since the
+ * frozen layer may be shared by snapshots. */
+int catalog_set_readonly(Store *s, const SubvolumeRecord *rec, bool readonly) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        uint64_t top = rec->top_layer, transid;
+        int r;
+
+        if (rec->readonly == readonly)
+                return 0;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_begin(s->catalog);
+        if (r < 0)
+                return r;
+        if (!readonly) {
+                r = insert_layer(s, rec->top_layer, &top);
+                if (r < 0)
+                        goto fail;
+        }
+        r = catalog_next_transid(s, &transid);
+        if (r < 0)
+                goto fail;
+        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET readonly = ?1, top_layer = ?2, ctransid = ?3 "
+                                       "WHERE id = ?4 AND deleted = 0", &st);
+        if (r < 0)
+                goto fail;
+        sqlite3_bind_int(st, 1, readonly);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64) top);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64) transid);
+        sqlite3_bind_int64(st, 4, (sqlite3_int64) rec->id);
+        r = sqlite_step_done(st);
+        if (r < 0)
+                goto fail;
+        if (sqlite3_changes(s->catalog) == 0) {
+                r = -ENOENT;
+                goto fail;
+        }
         return sqlite_commit(s->catalog);
 fail:
         sqlite_rollback(s->catalog);

@@ -47,7 +47,7 @@
 #include "mutex-util.h"
 #include "store.h"
 #include "string-util.h"
-#include "volume.h"
+#include "store.h"
 
 #define CACHE_TIMEOUT_SOLE_WRITER 3600.0 /* seconds */
 #define CACHE_TIMEOUT_SHARED 1.0

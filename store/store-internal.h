@@ -96,13 +96,23 @@ typedef struct SubvolumeRecord {
         uint64_t created_usec;
         uint64_t top_layer;
         uint64_t quota_bytes;   /* 0: no limit */
+        char received_uuid[37];
+        uint64_t ctransid;
+        uint64_t stransid;
 } SubvolumeRecord;
 
 void subvolume_record_clear(SubvolumeRecord *r);
 
 int catalog_create_schema(sqlite3 *db);
+/* Adds what a store made by an older build lacks. */
+int catalog_upgrade(sqlite3 *db);
+/* The store's transaction counter, for the ctransid of subvolumes. */
+int catalog_next_transid(Store *s, uint64_t *ret);
 int catalog_find_subvolume(Store *s, const char *name, SubvolumeRecord *ret);
 int catalog_find_subvolume_by_id(Store *s, uint64_t id, SubvolumeRecord *ret);
+/* By received UUID (the newest such) or by own UUID. */
+int catalog_find_subvolume_by_uuid(Store *s, const char *uuid, bool received, SubvolumeRecord *ret);
+int catalog_set_readonly(Store *s, const SubvolumeRecord *rec, bool readonly);
 
 /* The stack of a layer: ids from the layer itself (index 0) down to the
  * bottom. */
@@ -204,6 +214,10 @@ void block_count_corruption(Store *s);
 
 /* As block_read_at(), but names what is wrong and counts nothing: for scrub. */
 int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, void *buf, const char **ret_reason);
+
+/* The stored zstd frame of a block, verified (-ENODATA if the block is
+ * stored uncompressed). buf holds STORE_BLOCK_SIZE bytes. */
+int block_read_stored_zstd(Store *s, const Digest *d, void *buf, size_t *ret_len);
 
 /* Punches the record out of its pack. */
 int block_free(Store *s, const Digest *d, const BlockLocation *loc);

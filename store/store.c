@@ -277,6 +277,9 @@ int store_open(const char *path, Store **ret) {
         r = catalog_read_identity(s);
         if (r < 0)
                 return r;
+        r = catalog_upgrade(s->catalog);
+        if (r < 0)
+                return r;
         r = packs_new(s, &s->packs);
         if (r < 0)
                 return r;
@@ -320,7 +323,7 @@ int store_subvolume_create(Store *s, const char *name) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         LayerCounters counters = { .next_ino = 2 };
         char uuid[37];
-        uint64_t layer_id = 0;
+        uint64_t layer_id = 0, transid;
         int r;
 
         if (!store_name_is_valid(name))
@@ -344,11 +347,15 @@ int store_subvolume_create(Store *s, const char *name) {
         layer_id = (uint64_t) sqlite3_last_insert_rowid(s->catalog);
         sqlite3_finalize(TAKE_PTR(st));
 
-        r = sqlite_prepare(s->catalog,
-                           "INSERT INTO subvolumes(name, uuid, parent_uuid, readonly, created_usec, top_layer) "
-                           "VALUES (?1, ?2, '', 0, ?3, ?4)", &st);
+        r = catalog_next_transid(s, &transid);
         if (r < 0)
                 goto fail;
+        r = sqlite_prepare(s->catalog,
+                           "INSERT INTO subvolumes(name, uuid, parent_uuid, readonly, created_usec, top_layer, ctransid) "
+                           "VALUES (?1, ?2, '', 0, ?3, ?4, ?5)", &st);
+        if (r < 0)
+                goto fail;
+        sqlite3_bind_int64(st, 5, (sqlite3_int64) transid);
         sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
         sqlite3_bind_text(st, 2, uuid, -1, SQLITE_STATIC);
         sqlite3_bind_int64(st, 3, (sqlite3_int64) now_usec());
@@ -461,6 +468,90 @@ int store_subvolume_set_quota(Store *s, const char *name, uint64_t bytes) {
         return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
 }
 
+static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, StoreSubvolumeInfo *ret);
+
+int store_subvolume_set_readonly(Store *s, const char *name, bool readonly) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+        _cleanup_close_ int lock_fd = -EBADF;
+        int r;
+
+        if (!store_name_is_valid(name))
+                return -EINVAL;
+        r = catalog_find_subvolume(s, name, &rec);
+        if (r < 0)
+                return r;
+        if (rec.readonly == readonly)
+                return 0;
+
+        /* Nobody may serve it while its top layer changes hands. */
+        lock_fd = subvolume_lock(s, rec.id, true, NULL);
+        if (lock_fd < 0)
+                return lock_fd;
+        if (readonly) {
+                r = layer_seal(s, rec.top_layer);
+                if (r < 0)
+                        return r;
+        }
+        return catalog_set_readonly(s, &rec, readonly);
+}
+
+int store_subvolume_rename(Store *s, const char *name, const char *new_name) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        if (!store_name_is_valid(name) || !store_name_is_valid(new_name))
+                return -EINVAL;
+        if (streq(name, new_name))
+                return 0;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET name = ?2 WHERE name = ?1 AND deleted = 0", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, new_name, -1, SQLITE_STATIC);
+        r = sqlite_step_done(st);      /* -EEXIST if the new name is taken */
+        if (r < 0)
+                return r;
+        return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
+}
+
+int store_subvolume_set_received(Store *s, const char *name, const char *received_uuid, uint64_t stransid) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        if (!store_name_is_valid(name) || !received_uuid || strlen(received_uuid) != 36 ||
+            stransid > (uint64_t) INT64_MAX)
+                return -EINVAL;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET received_uuid = ?2, stransid = ?3 "
+                                       "WHERE name = ?1 AND deleted = 0", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, received_uuid, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64) stransid);
+        r = sqlite_step_done(st);
+        if (r < 0)
+                return r;
+        return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
+}
+
+int store_subvolume_find_uuid(Store *s, const char *uuid, StoreSubvolumeInfo *ret) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+        int r;
+
+        if (!uuid || strlen(uuid) != 36)
+                return -EINVAL;
+        r = catalog_find_subvolume_by_uuid(s, uuid, true, &rec);
+        if (r == -ENOENT)
+                r = catalog_find_subvolume_by_uuid(s, uuid, false, &rec);
+        if (r < 0)
+                return r;
+        return subvolume_info_from_record(s, &rec, ret);
+}
+
 /* Fills the space figures of one subvolume from its layers. */
 static int subvolume_fill_space(Store *s, StoreSubvolumeInfo *info) {
         _cleanup_free_ uint64_t *ids = NULL;
@@ -517,6 +608,9 @@ static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, StoreSubvo
         };
         memcpy(ret->uuid, rec->uuid, sizeof ret->uuid);
         memcpy(ret->parent_uuid, rec->parent_uuid, sizeof ret->parent_uuid);
+        memcpy(ret->received_uuid, rec->received_uuid, sizeof ret->received_uuid);
+        ret->ctransid = rec->ctransid;
+        ret->stransid = rec->stransid;
 
         if (subvolume_lock_holder(s, rec->id, &holder) > 0)
                 ret->mounted_by = holder;

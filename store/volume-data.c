@@ -546,3 +546,216 @@ uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
 #undef MARK
         return MIN(total, DIV_ROUND_UP(row->size, 4096) * 4096);
 }
+
+/* What block idx of a file is, as stored: its digest, or a hole. 0 if the
+ * answer is "copy it instead" (inline content, a dirty block). */
+static int clone_source_block(Volume *src, uint64_t ino, uint64_t idx, Digest *ret_digest,
+                              uint32_t *ret_len, bool *ret_hole) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        int r;
+
+        MUTEX_LOCKED(&src->lock);
+        r = inode_get(src, ino, &row);
+        if (r < 0)
+                return r;
+        if (!S_ISREG(row.mode))
+                return -EINVAL;
+        if (row.has_data || dirty_find(src, ino, idx))
+                return 0;
+        r = extent_get(src, &row, idx, ret_digest, ret_len, ret_hole);
+        if (r < 0)
+                return r;
+        return 1;
+}
+
+/* Puts a block that src stores into dst's file at block idx, covering
+ * length bytes from the block's start. 0 if it must be copied instead. */
+static int clone_share_block(Volume *dst, uint64_t ino, uint64_t idx, uint64_t length,
+                             const Digest *d, uint32_t len, bool hole) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        uint64_t end = idx * STORE_BLOCK_SIZE + length, old_size;
+        BlockLocation loc = {};
+        int r;
+
+        MUTEX_LOCKED(&dst->lock);
+        r = inode_get_for_write(dst, ino, &row);
+        if (r < 0)
+                return r;
+        if (!S_ISREG(row.mode))
+                return -EINVAL;
+        /* A short block replaces the whole block: only where nothing of the
+         * file lies past it. */
+        if (length < STORE_BLOCK_SIZE && row.size > end)
+                return 0;
+        old_size = row.size;
+
+        r = volume_check_quota(dst, end > row.size ? end - row.size : 0);
+        if (r < 0)
+                return r;
+        r = space_check(dst->store, 256, SPACE_METADATA);
+        if (r < 0)
+                return r;
+
+        if (!hole) {
+                /* The block stays referenced by src; until dst's reference
+                 * is committed, the shared GC lock keeps the reaper off it. */
+                if (dst->gc_fd < 0) {
+                        r = gc_lock_shared(dst->store, &dst->gc_fd);
+                        if (r < 0)
+                                return r;
+                }
+                r = block_lookup(dst->store, d, &loc);
+                if (r == -ENOENT)
+                        return 0;
+                if (r < 0)
+                        return r;
+        }
+
+        if (row.has_data) {
+                r = inline_to_blocks(dst, &row);
+                if (r < 0)
+                        return r;
+        }
+        data_forget_dirty_one(dst, ino, idx);
+        r = extent_put(dst, ino, idx, hole ? NULL : d, MIN(len, (uint32_t) length), loc.stored_len);
+        if (r < 0)
+                return r;
+
+        row.size = MAX(row.size, end);
+        if (!dst->kernel_times)
+                row.mtime_ns = row.ctime_ns = timestamp_now();
+        r = inode_put(dst, &row);
+        if (r < 0)
+                return r;
+        logical_size_changed(dst, old_size, row.size);
+        return 1;
+}
+
+static int clone_copy(Volume *dst, uint64_t dst_ino, uint64_t dst_offset,
+                      Volume *src, uint64_t src_ino, uint64_t src_offset, size_t n, uint8_t *buf) {
+        ssize_t k;
+
+        k = volume_read(src, src_ino, buf, n, src_offset);
+        if (k < 0)
+                return (int) k;
+        if ((size_t) k != n)
+                return -EINVAL;
+        k = volume_write(dst, dst_ino, buf, n, dst_offset);
+        if (k < 0)
+                return (int) k;
+        return 0;
+}
+
+int volume_clone_range(Volume *dst, uint64_t dst_ino, uint64_t dst_offset,
+                       Volume *src, uint64_t src_ino, uint64_t src_offset, uint64_t length) {
+        _cleanup_free_ uint8_t *buf = NULL;
+        struct stat src_st;
+        int r;
+
+        if (dst->store != src->store)
+                return -EXDEV;
+        if (!dst->writable)
+                return -EROFS;
+        if (src_offset + length < src_offset || dst_offset + length < dst_offset ||
+            dst_offset + length > (uint64_t) INT64_MAX)
+                return -EFBIG;
+        if (src == dst && src_ino == dst_ino &&
+            src_offset < dst_offset + length && dst_offset < src_offset + length)
+                return -EINVAL;
+
+        r = volume_getattr(src, src_ino, &src_st);
+        if (r < 0)
+                return r;
+        if (!S_ISREG(src_st.st_mode))
+                return S_ISDIR(src_st.st_mode) ? -EISDIR : -EINVAL;
+        if (src_offset + length > (uint64_t) src_st.st_size)
+                return -EINVAL;
+
+        buf = malloc(STORE_BLOCK_SIZE);
+        if (!buf)
+                return -ENOMEM;
+
+        for (uint64_t pos = 0; pos < length;) {
+                uint64_t so = src_offset + pos, doff = dst_offset + pos;
+                size_t n = (size_t) MIN(length - pos, (uint64_t) STORE_BLOCK_SIZE - doff % STORE_BLOCK_SIZE);
+                bool aligned = so % STORE_BLOCK_SIZE == 0 && doff % STORE_BLOCK_SIZE == 0;
+
+                if (aligned && (n == STORE_BLOCK_SIZE || so + n == (uint64_t) src_st.st_size)) {
+                        Digest d;
+                        uint32_t len = 0;
+                        bool hole = true;
+
+                        r = clone_source_block(src, src_ino, so / STORE_BLOCK_SIZE, &d, &len, &hole);
+                        if (r > 0)
+                                r = clone_share_block(dst, dst_ino, doff / STORE_BLOCK_SIZE, n, &d, len, hole);
+                        if (r < 0)
+                                return r;
+                        if (r > 0) {
+                                pos += n;
+                                continue;
+                        }
+                } else if (!aligned)
+                        n = (size_t) MIN((uint64_t) n, (uint64_t) STORE_BLOCK_SIZE - so % STORE_BLOCK_SIZE);
+
+                r = clone_copy(dst, dst_ino, doff, src, src_ino, so, n, buf);
+                if (r < 0)
+                        return r;
+                pos += n;
+        }
+        return 0;
+}
+
+int volume_file_extents(Volume *v, uint64_t ino, VolumeExtent **ret, size_t *ret_n) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        _cleanup_free_ VolumeExtent *extents = NULL;
+        uint64_t n;
+        int r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get(v, ino, &row);
+        if (r < 0)
+                return r;
+        if (!S_ISREG(row.mode))
+                return S_ISDIR(row.mode) ? -EISDIR : -EINVAL;
+        if (row.has_data)
+                return -ENODATA;
+
+        n = DIV_ROUND_UP(row.size, STORE_BLOCK_SIZE);
+        extents = calloc(MAX(n, 1u), sizeof *extents);
+        if (!extents)
+                return -ENOMEM;
+        for (uint64_t idx = 0; idx < n; idx++) {
+                VolumeExtent *e = &extents[idx];
+                Digest d;
+                uint32_t len;
+                bool hole;
+
+                e->offset = idx * STORE_BLOCK_SIZE;
+                e->length = (uint32_t) MIN((uint64_t) STORE_BLOCK_SIZE, row.size - e->offset);
+                if (dirty_find(v, ino, idx)) {
+                        e->unsettled = true;
+                        continue;
+                }
+                r = extent_get(v, &row, idx, &d, &len, &hole);
+                if (r < 0)
+                        return r;
+                e->hole = hole;
+                if (!hole) {
+                        memcpy(e->digest, d.bytes, sizeof e->digest);
+                        /* Bytes past the stored length read as zeros: a
+                         * different content than the block's alone. */
+                        if (len < e->length)
+                                e->unsettled = true;
+                }
+        }
+        *ret = TAKE_PTR(extents);
+        *ret_n = (size_t) n;
+        return 0;
+}
+
+int volume_read_block_zstd(Volume *v, const uint8_t digest[16], void *buf, size_t *ret_len) {
+        Digest d;
+
+        memcpy(d.bytes, digest, sizeof d.bytes);
+        return block_read_stored_zstd(v->store, &d, buf, ret_len);
+}

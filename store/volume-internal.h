@@ -9,7 +9,7 @@
 #include <zstd.h>
 
 #include "store-internal.h"
-#include "volume.h"
+#include "store.h"
 
 /* A layer of the volume's stack, with its prepared queries. */
 typedef struct VolumeLayer {

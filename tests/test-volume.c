@@ -19,7 +19,6 @@
 #include "cleanup.h"
 #include "store.h"
 #include "string-util.h"
-#include "volume.h"
 
 static const char *test_name = "";
 
@@ -390,6 +389,83 @@ static void test_delete_reap_and_corruption(Store *s) {
         }
 }
 
+/* Clones share whole aligned blocks (the store does not grow) and copy
+ * the rest; across subvolumes too, and the image and its writer agree on
+ * the result. Also renaming, freezing and finding subvolumes by UUID. */
+static void test_clone_and_image_state(Store *s) {
+        const size_t size = 5 * VOLUME_BLOCK_SIZE + 1234;
+        _cleanup_free_ uint8_t *data = malloc(size), *back = malloc(size);
+        _cleanup_free_ VolumeExtent *a = NULL, *b = NULL;
+        StoreSubvolumeInfo info = {};
+        StoreUsage before, after;
+        size_t na, nb;
+        uint64_t src, dst, other;
+        Volume *v, *w;
+
+        test_name = "clone";
+        CHECK(data && back);
+        fill_pattern(data, size, 7);
+        CHECK_OK(store_subvolume_create(s, "clone-src"));
+        v = open_volume(s, "clone-src", true);
+        src = make_file(v, VOLUME_ROOT_INO, "src");
+        CHECK(volume_write(v, src, data, size, 0) == (ssize_t) size);
+        CHECK_OK(volume_sync(v));
+        CHECK_OK(store_usage(s, &before));
+
+        /* Aligned, whole file: every block shared, the tail too. */
+        dst = make_file(v, VOLUME_ROOT_INO, "dst");
+        CHECK_OK(volume_clone_range(v, dst, 0, v, src, 0, size));
+        CHECK_OK(volume_sync(v));
+        CHECK_OK(store_usage(s, &after));
+        CHECK(after.data_bytes == before.data_bytes);
+        check_content(v, dst, data, size);
+        CHECK_OK(volume_file_extents(v, src, &a, &na));
+        CHECK_OK(volume_file_extents(v, dst, &b, &nb));
+        CHECK(na == 6 && nb == 6);
+        CHECK(memcmp(a, b, na * sizeof *a) == 0);
+
+        /* Unaligned: copied, and the bytes are right. */
+        other = make_file(v, VOLUME_ROOT_INO, "other");
+        CHECK_OK(volume_clone_range(v, other, 100, v, src, 4096, 3 * VOLUME_BLOCK_SIZE));
+        memset(back, 0xaa, size);
+        CHECK(volume_read(v, other, back, size, 0) == 100 + 3 * VOLUME_BLOCK_SIZE);
+        for (size_t i = 0; i < 100; i++)
+                CHECK(back[i] == 0);
+        CHECK(memcmp(back + 100, data + 4096, 3 * VOLUME_BLOCK_SIZE) == 0);
+
+        /* Overlapping ranges of one file and ranges past the end fail. */
+        CHECK(volume_clone_range(v, src, 10, v, src, 0, 100) == -EINVAL);
+        CHECK(volume_clone_range(v, dst, 0, v, src, size - 10, 11) == -EINVAL);
+        volume_close(v);
+
+        /* Freeze it, find it by UUID, clone from the image into another
+         * subvolume. */
+        CHECK_OK(store_subvolume_set_readonly(s, "clone-src", true));
+        CHECK_OK(store_subvolume_rename(s, "clone-src", "clone-image"));
+        CHECK(store_subvolume_rename(s, "clone-image", "clone-image") == 0);
+        CHECK_OK(store_subvolume_set_received(s, "clone-image", "01234567-89ab-cdef-0123-456789abcdef", 42));
+        CHECK_OK(store_subvolume_find_uuid(s, "01234567-89ab-cdef-0123-456789abcdef", &info));
+        CHECK(streq(info.name, "clone-image") && info.readonly && info.stransid == 42 && info.ctransid > 0);
+        store_subvolume_info_clear(&info);
+
+        CHECK_OK(store_subvolume_create(s, "clone-dst"));
+        CHECK(store_subvolume_rename(s, "clone-dst", "clone-image") == -EEXIST);
+        v = open_volume(s, "clone-image", false);
+        w = open_volume(s, "clone-dst", true);
+        dst = make_file(w, VOLUME_ROOT_INO, "copy");
+        CHECK_OK(volume_clone_range(w, dst, 0, v, lookup(v, VOLUME_ROOT_INO, "src"), 0, size));
+        check_content(w, dst, data, size);
+        CHECK(volume_clone_range(v, 2, 0, w, dst, 0, 10) == -EROFS);
+        volume_close(w);
+        volume_close(v);
+
+        /* Writable again: a new layer above the frozen one. */
+        CHECK_OK(store_subvolume_set_readonly(s, "clone-image", false));
+        v = open_volume(s, "clone-image", true);
+        check_content(v, lookup(v, VOLUME_ROOT_INO, "dst"), data, size);
+        volume_close(v);
+}
+
 int main(void) {
         Store *s = NULL;
 
@@ -407,6 +483,7 @@ int main(void) {
         test_truncate_across_layers(s);
         test_rename(s);
         test_whiteouts_and_fold(s);
+        test_clone_and_image_state(s);
         test_delete_reap_and_corruption(s);
 
         CHECK(store_fsck(s, false, NULL, NULL) == 0);
