@@ -611,6 +611,8 @@ static const Command *const commands[] = {
         &command_reap,
         &command_scrub,
         &command_fsck,
+        &command_receive,
+        &command_send,
         &help_command,
         NULL,
 };

@@ -62,6 +62,9 @@ enum {
         ARG_PAUSE,
         ARG_RESUME,
         ARG_RATE,
+        ARG_PROTO,
+        ARG_COMPRESSED_DATA,
+        ARG_ZSTD,
 };
 
 /* An option of one command: its id (a short letter, or an ARG_* value for a
@@ -107,6 +110,8 @@ extern const Command command_usage;
 extern const Command command_reap;
 extern const Command command_scrub;
 extern const Command command_fsck;
+extern const Command command_receive;
+extern const Command command_send;
 
 /* Option parsing for a verb's handler: returns the id of one of the
  * command's own options, 0 when the options are done (the arguments are then
