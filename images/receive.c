@@ -106,6 +106,28 @@ static int fail_path(Receiver *rc, const StreamCommand *c, const char *path, int
                               why ? why : strerror(-r));
 }
 
+/* Checks a path's form before anything is looked up: relative, and made
+ * of proper names only. */
+static int check_path(Receiver *rc, const StreamCommand *c, const char *path) {
+        if (*path == '/')
+                return fail_path(rc, c, path, -EPERM, "absolute paths are refused");
+        for (const char *p = path; *path;) {
+                const char *slash = strchr(p, '/');
+                size_t len = slash ? (size_t) (slash - p) : strlen(p);
+
+                if (len == 0)
+                        return fail_path(rc, c, path, -EPERM, "empty path components are refused");
+                if ((len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.'))
+                        return fail_path(rc, c, path, -EPERM, "'.' and '..' components are refused");
+                if (len > NAME_MAX)
+                        return fail_path(rc, c, path, -ENAMETOOLONG, NULL);
+                if (!slash)
+                        break;
+                p = slash + 1;
+        }
+        return 0;
+}
+
 /* Walks path from the root to the directory that holds its last
  * component: *ret_name points into path at that component, NULL for the
  * root itself (the empty path). */
@@ -113,30 +135,25 @@ static int resolve_parent(Receiver *rc, Volume *v, const StreamCommand *c, const
                           uint64_t *ret_parent, const char **ret_name) {
         uint64_t dir = VOLUME_ROOT_INO;
         const char *p = path;
+        int r;
 
         if (*path == 0) {
                 *ret_parent = VOLUME_ROOT_INO;
                 *ret_name = NULL;
                 return 0;
         }
-        if (*path == '/')
-                return fail_path(rc, c, path, -EPERM, "absolute paths are refused");
+        r = check_path(rc, c, path);
+        if (r < 0)
+                return r;
 
         for (;;) {
                 const char *slash = strchr(p, '/');
                 size_t len = slash ? (size_t) (slash - p) : strlen(p);
                 char component[NAME_MAX + 1];
                 struct stat st;
-                int r;
 
-                if (len == 0)
-                        return fail_path(rc, c, path, -EPERM, "empty path components are refused");
-                if (len > NAME_MAX)
-                        return fail_path(rc, c, path, -ENAMETOOLONG, NULL);
                 memcpy(component, p, len);
                 component[len] = 0;
-                if (streq(component, ".") || streq(component, ".."))
-                        return fail_path(rc, c, path, -EPERM, "'.' and '..' components are refused");
                 if (!slash) {
                         *ret_parent = dir;
                         *ret_name = p;

@@ -53,6 +53,7 @@ typedef struct Sender {
         KeyMap updated;                 /* inodes changed in place already */
         KeyMap sent_blocks;             /* digest -> where the receiving subvolume has it */
         KeyMap parent_blocks;           /* digest -> where the parent has it */
+        KeyMap parent_files;            /* inode -> a path of the parent's regular file */
         bool parent_blocks_ready;
 
         uint8_t *block;                 /* VOLUME_BLOCK_SIZE */
@@ -348,6 +349,10 @@ static int collect_parent_blocks(Sender *sd, const char *path, uint64_t ino) {
                 r = volume_getattr(sd->parent, e->ino, &st);
                 if (r < 0)
                         return r;
+                r = keymap_add(&sd->parent_files, ino_key(e->ino, (uint8_t[16]) {}), child, 0,
+                               (uint64_t) st.st_size);
+                if (r < 0)
+                        return r;
                 r = volume_file_extents(sd->parent, e->ino, &extents, &n);
                 if (r == -ENODATA)
                         continue;
@@ -412,9 +417,59 @@ static int send_block_data(Sender *sd, const char *path, uint64_t ino, const Vol
         return r < 0 ? fail(sd, r, path, "send data") : 0;
 }
 
+#define PAGE_BYTES 4096
+
+/* Sends only the pages of a block that differ from what the receiver's
+ * file holds there (the parent inode's bytes, changed in place). 0 if it
+ * cannot tell, and the whole block must go. */
+static int send_block_changes(Sender *sd, const char *path, uint64_t ino, const VolumeExtent *e,
+                              uint64_t parent_ino, uint64_t parent_size) {
+        size_t old_len, run_start = 0;
+        bool in_run = false;
+        ssize_t k;
+        int r;
+
+        if (e->offset >= parent_size)
+                return 0;
+        old_len = (size_t) MIN((uint64_t) e->length, parent_size - e->offset);
+        k = volume_read(sd->parent, parent_ino, sd->other, old_len, e->offset);
+        if (k < 0 || (size_t) k != old_len)
+                return 0;
+        if (old_len < e->length)
+                memset(sd->other + old_len, 0, e->length - old_len);
+        k = volume_read(sd->image, ino, sd->block, e->length, e->offset);
+        if (k < 0)
+                return fail(sd, (int) k, path, "read data");
+        if ((size_t) k != e->length)
+                return fail(sd, -EIO, path, "read data");
+
+        for (size_t pos = 0; pos < e->length; pos += PAGE_BYTES) {
+                size_t n = MIN((size_t) PAGE_BYTES, e->length - pos);
+                bool differs = memcmp(sd->block + pos, sd->other + pos, n) != 0;
+
+                if (differs && !in_run) {
+                        run_start = pos;
+                        in_run = true;
+                } else if (!differs && in_run) {
+                        r = emit_write(sd, path, sd->block + run_start, pos - run_start, e->offset + run_start);
+                        if (r < 0)
+                                return fail(sd, r, path, "send data");
+                        in_run = false;
+                }
+        }
+        if (in_run) {
+                r = emit_write(sd, path, sd->block + run_start, e->length - run_start, e->offset + run_start);
+                if (r < 0)
+                        return fail(sd, r, path, "send data");
+        }
+        return 1;
+}
+
 /* Sends one block of a file that ends at size: as a clone of a block the
- * receiver has, or as data. */
-static int send_block(Sender *sd, const char *path, uint64_t ino, const VolumeExtent *e, uint64_t size) {
+ * receiver has, as the pages that differ from the parent inode's, or as
+ * data. */
+static int send_block(Sender *sd, const char *path, uint64_t ino, const VolumeExtent *e, uint64_t size,
+                      uint64_t parent_ino, uint64_t parent_size) {
         KeyMapEntry *source;
         int r;
 
@@ -440,7 +495,11 @@ static int send_block(Sender *sd, const char *path, uint64_t ino, const VolumeEx
                         }
                 }
         }
-        r = send_block_data(sd, path, ino, e);
+        r = 0;
+        if (parent_ino)
+                r = send_block_changes(sd, path, ino, e, parent_ino, parent_size);
+        if (r == 0)
+                r = send_block_data(sd, path, ino, e);
         if (r < 0)
                 return r;
 sent:
@@ -553,7 +612,8 @@ static int send_data(Sender *sd, const char *path, uint64_t ino, const struct st
                         }
                         continue;
                 }
-                r = send_block(sd, path, ino, e, size);
+                r = send_block(sd, path, ino, e, size, parent_ino,
+                               parent_ino && !old_small ? (uint64_t) parent_st->st_size : 0);
                 if (r < 0)
                         return r;
                 *ret_changed = true;
@@ -569,6 +629,29 @@ static int send_data(Sender *sd, const char *path, uint64_t ino, const struct st
 }
 
 /* ---- creating ---- */
+
+/* A new name for a file that the parent has elsewhere (moved, or its
+ * directory moved): the parent's file is cloned whole, then changed. */
+static int send_new_data(Sender *sd, const char *path, uint64_t ino, const struct stat *st, bool *ret_changed) {
+        KeyMapEntry *moved = NULL;
+        uint8_t key[16];
+        struct stat old;
+        int r;
+
+        if (sd->parent) {
+                r = parent_blocks_prepare(sd);
+                if (r < 0)
+                        return r;
+                moved = keymap_get(&sd->parent_files, ino_key(ino, key));
+        }
+        if (!moved || moved->size == 0 || volume_getattr(sd->parent, ino, &old) < 0 || !S_ISREG(old.st_mode))
+                return send_data(sd, path, ino, st, 0, NULL, ret_changed);
+
+        r = emit_clone(sd, path, 0, moved->size, sd->parent_uuid, sd->parent_ctransid, moved->path, 0);
+        if (r < 0)
+                return fail(sd, r, path, "send a clone");
+        return send_data(sd, path, ino, st, ino, &old, ret_changed);
+}
 
 static int send_new_entry(Sender *sd, const char *path, const VolumeDirent *e);
 
@@ -686,7 +769,7 @@ static int send_new_entry(Sender *sd, const char *path, const VolumeDirent *e) {
         if (r >= 0)
                 r = send_xattrs(sd, path, e->ino, 0, &changed);
         if (r >= 0 && S_ISREG(st.st_mode))
-                r = send_data(sd, path, e->ino, &st, 0, NULL, &changed);
+                r = send_new_data(sd, path, e->ino, &st, &changed);
         if (r >= 0)
                 r = send_owner_mode(sd, path, e->ino, &st, NULL, &changed);
         if (r >= 0 && S_ISDIR(st.st_mode))
@@ -1004,6 +1087,7 @@ int image_send(Store *s, const char *image, int fd, const ImageSendOptions *opts
         keymap_done(&sd.updated);
         keymap_done(&sd.sent_blocks);
         keymap_done(&sd.parent_blocks);
+        keymap_done(&sd.parent_files);
         free(sd.block);
         free(sd.other);
         return r;

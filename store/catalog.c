@@ -383,10 +383,23 @@ static bool process_is_exiting(pid_t pid) {
 
 #define LOCK_EXITING_WAIT_USEC 2000000
 #define LOCK_RETRY_USEC 10000
+#define LOCK_BRIEF_WAIT_USEC 60000000
+
+/* Whether the lock file says its holder keeps it for a moment only. */
+static bool lock_is_brief(Store *s, const char *name) {
+        _cleanup_close_ int fd = openat(s->locks_fd, name, O_RDONLY | O_CLOEXEC);
+        char buf[32] = {};
+
+        return fd >= 0 && read(fd, buf, sizeof buf - 1) > 0 && strstr(buf, " brief");
+}
 
 int subvolume_lock(Store *s, uint64_t id, bool exclusive, pid_t *ret_holder) {
+        return subvolume_lock_full(s, id, exclusive, false, ret_holder);
+}
+
+int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, bool brief, pid_t *ret_holder) {
         _cleanup_close_ int fd = -EBADF;
-        char name[32], pid[24];
+        char name[32], pid[32];
         int n;
 
         lock_file_name(id, name);
@@ -403,7 +416,13 @@ int subvolume_lock(Store *s, uint64_t id, bool exclusive, pid_t *ret_holder) {
                 if (read_pid_file(s->locks_fd, name, &holder) < 0)
                         holder = 0;
                 /* The holder was killed and is on its way out: a remount
-                 * straight after a crash waits for it rather than fail. */
+                 * straight after a crash waits for it rather than fail. A
+                 * holder that needs it for a moment (a fold, a snapshot) is
+                 * waited for too. */
+                if (lock_is_brief(s, name) && waited < LOCK_BRIEF_WAIT_USEC) {
+                        (void) usleep(LOCK_RETRY_USEC);
+                        continue;
+                }
                 if (holder <= 0 || !process_is_exiting(holder) || waited >= LOCK_EXITING_WAIT_USEC) {
                         if (ret_holder)
                                 *ret_holder = holder;
@@ -413,7 +432,7 @@ int subvolume_lock(Store *s, uint64_t id, bool exclusive, pid_t *ret_holder) {
         }
 
         /* The holder's pid is for messages only; the lock itself is the flock. */
-        n = snprintf(pid, sizeof pid, "%d\n", (int) getpid());
+        n = snprintf(pid, sizeof pid, "%d%s\n", (int) getpid(), brief ? " brief" : "");
         if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t) n, 0) != n)
                 return -errno;
         return TAKE_FD(fd);

@@ -258,7 +258,7 @@ static int fold_one(Store *s, const FoldCandidate *fc, StoreReapStats *stats) {
         int r;
 
         if (fc->writer != 0) {
-                lock = subvolume_lock(s, fc->writer, true, NULL);
+                lock = subvolume_lock_full(s, fc->writer, true, true, NULL);
                 if (lock == -EBUSY)
                         return 0;
                 if (lock < 0)

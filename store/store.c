@@ -409,7 +409,7 @@ int store_subvolume_snapshot(Store *s, const char *source, const char *name, boo
         /* A writable source: whoever holds its lock owns its top layer. If a
          * server has it mounted, it takes the snapshot itself, at a point
          * where everything written before is committed. */
-        lock_fd = subvolume_lock(s, src.id, true, NULL);
+        lock_fd = subvolume_lock_full(s, src.id, true, true, NULL);
         if (lock_fd == -EBUSY)
                 return control_request_snapshot(s, src.id, name, readonly);
         if (lock_fd < 0)
@@ -484,7 +484,7 @@ int store_subvolume_set_readonly(Store *s, const char *name, bool readonly) {
                 return 0;
 
         /* Nobody may serve it while its top layer changes hands. */
-        lock_fd = subvolume_lock(s, rec.id, true, NULL);
+        lock_fd = subvolume_lock_full(s, rec.id, true, true, NULL);
         if (lock_fd < 0)
                 return lock_fd;
         if (readonly) {
