@@ -54,6 +54,9 @@ typedef struct ImageReceiveOptions {
         const char *name;
         image_progress_cb progress;
         void *userdata;
+        /* What a failed receive leaves is deleted, and a reaper started in
+         * the background to free it, unless the caller runs its own. */
+        bool no_background_reap;
 } ImageReceiveOptions;
 
 /* Reads streams from fd until its end and makes an image of each. The names
@@ -76,8 +79,8 @@ typedef struct ImageSendOptions {
 /* Writes a stream of a read-only subvolume to fd. */
 int image_send(Store *s, const char *image, int fd, const ImageSendOptions *opts, ImageError *ret_error);
 
-/* Deletes subvolumes left behind by receives whose process died. Returns
- * how many. */
+/* Deletes subvolumes left behind by receives whose process died (the
+ * reaper frees them). Returns how many. */
 int image_remove_stale_receives(Store *s);
 
 /* The prefix of the name of a subvolume being received. */

@@ -282,7 +282,8 @@ static void abandon_subvolume(Receiver *rc) {
         if (rc->volume)
                 rc->volume = volume_close(rc->volume);
         if (rc->temp_name[0]) {
-                if (store_subvolume_delete(rc->store, rc->temp_name, NULL) >= 0)
+                if (store_subvolume_delete(rc->store, rc->temp_name, NULL) >= 0 &&
+                    !rc->opts->no_background_reap)
                         (void) store_reap_in_background(rc->store);
                 rc->temp_name[0] = 0;
         }
@@ -349,7 +350,7 @@ static void abandon_pending(Receiver *rc) {
         for (size_t i = 0; i < rc->n_names; i++)
                 if (rc->pending_temp[i][0] && store_subvolume_delete(rc->store, rc->pending_temp[i], NULL) >= 0)
                         deleted = true;
-        if (deleted)
+        if (deleted && !rc->opts->no_background_reap)
                 (void) store_reap_in_background(rc->store);
 }
 
@@ -802,7 +803,8 @@ int image_receive(Store *s, int fd, const ImageReceiveOptions *opts, char ***ret
         int r;
 
         *rc.error = (ImageError) {};
-        (void) image_remove_stale_receives(s);
+        if (image_remove_stale_receives(s) > 0 && !rc.opts->no_background_reap)
+                (void) store_reap_in_background(s);
 
         r = stream_input_new(fd, &in, rc.error);
         if (r < 0)
@@ -874,7 +876,5 @@ int image_remove_stale_receives(Store *s) {
                         removed++;
         }
         store_subvolume_info_array_free(infos, n);
-        if (removed > 0)
-                (void) store_reap_in_background(s);
         return removed;
 }

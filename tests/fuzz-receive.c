@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * A libFuzzer target for receive: each input is applied to a real store as
+ * a stream. Whatever the input, receive must fail cleanly or make images,
+ * and never crash, hang or leak (the sanitizers watch).
+ *
+ * The store lives in a temporary directory made at start. With
+ * COWBOX_FUZZ_PARENT naming a stream file, that stream is received first,
+ * so that increments on it (in the seed corpus) reach their commands.
+ *
+ *   fuzz-receive -max_total_time=60 CORPUS_DIR tests/fuzz-corpus
+ */
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "images.h"
+#include "store.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static Store *store;
+static char store_dir[] = "/tmp/cowbox-fuzz-XXXXXX";
+static unsigned runs;
+
+static void remove_store(void) {
+        char cmd[128];
+
+        store_close(store);
+        snprintf(cmd, sizeof cmd, "rm -rf -- '%s'", store_dir);
+        (void) !system(cmd);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+        const char *parent = getenv("COWBOX_FUZZ_PARENT");
+
+        if (!mkdtemp(store_dir) || rmdir(store_dir) < 0 || store_init(store_dir) < 0 ||
+            store_open(store_dir, &store) < 0) {
+                fprintf(stderr, "fuzz-receive: cannot make a store in %s\n", store_dir);
+                exit(EXIT_FAILURE);
+        }
+        atexit(remove_store);
+
+        if (parent) {
+                ImageReceiveOptions opts = { .no_background_reap = true };
+                ImageError error = {};
+                char **names = NULL;
+                int fd = open(parent, O_RDONLY | O_CLOEXEC);
+
+                if (fd < 0 || image_receive(store, fd, &opts, &names, &error) < 0) {
+                        fprintf(stderr, "fuzz-receive: cannot receive %s: %s\n", parent, error.message);
+                        exit(EXIT_FAILURE);
+                }
+                image_names_free(names);
+                close(fd);
+        }
+        return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+        ImageReceiveOptions opts = { .no_background_reap = true };
+        ImageError error = {};
+        char **names = NULL;
+        int fd;
+
+        fd = memfd_create("stream", MFD_CLOEXEC);
+        if (fd < 0 || (size > 0 && write(fd, data, size) != (ssize_t) size) || lseek(fd, 0, SEEK_SET) < 0)
+                abort();
+
+        if (image_receive(store, fd, &opts, &names, &error) >= 0) {
+                /* Keep the store small: what was made goes again. */
+                for (char **n = names; *n; n++)
+                        (void) store_subvolume_delete(store, *n, NULL);
+                image_names_free(names);
+        } else if (error.message[0] == 0)
+                abort();        /* every failure says why */
+        close(fd);
+
+        if (++runs % 64 == 0)
+                (void) store_reap(store, true, NULL, NULL);
+        return 0;
+}
