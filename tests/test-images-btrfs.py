@@ -105,6 +105,34 @@ def run():
         store.run('receive', '-f', out('z1.btrfs'))
         compare_image(store, 'z1', os.path.join(fs, 'z1'))
 
+        # Encoded writes compressed with zlib and LZO; two subvolumes in
+        # one input, back to back as `btrfs send A B` writes them.
+        for algo in ('zlib', 'lzo'):
+            d = os.path.join(fs, f'{algo}vol')
+            st.btrfs('subvolume', 'create', d)
+            st.btrfs('property', 'set', d, 'compression', algo)
+            t.write_file(os.path.join(d, 'text'), st.source_text(random.Random(4), 3 * t.MiB + 100))
+            t.write_file(os.path.join(d, 'small'), b'short')
+            subprocess.run(['sync'], check=True)
+            st.btrfs('subvolume', 'snapshot', '-r', d, os.path.join(fs, algo))
+        dumps = ''
+        with open(out('two.btrfs'), 'wb') as both:
+            for algo in ('zlib', 'lzo'):
+                st.btrfs('send', '-q', '--proto', '2', '--compressed-data', '-f', out(algo), os.path.join(fs, algo))
+                dumps += st.btrfs('receive', '--dump', '-f', out(algo)).out
+                with open(out(algo), 'rb') as one:
+                    both.write(one.read())
+        t.check('compression=1,' in dumps and 'compression=3,' in dumps,
+                'btrfs sent encoded writes with zlib and LZO:\n' +
+                '\n'.join(line for line in dumps.splitlines() if 'write' in line)[:3000])
+        r = store.json('receive', '-f', out('two.btrfs'))
+        t.check_equal(sorted(r), ['lzo', 'zlib'], 'images received from a stream of two subvolumes')
+        for algo in ('zlib', 'lzo'):
+            compare_image(store, algo, os.path.join(fs, algo))
+        r = store.run('receive', '-f', out('two.btrfs'), 'one-name', expect=1)
+        t.check('more than one subvolume' in r.err, f'a name for a stream of two:\n{r.describe()}')
+        t.check('one-name' not in store.names(), 'nothing left of a refused stream of two')
+
         # cowbox -> btrfs: full and incremental, v1, v2 with compressed
         # data, zstd-framed; btrfs receive --dump parses every stream.
         for label, opts, framed in (('p1', [], False), ('p2', ['--proto', '2', '--compressed-data'], False),
