@@ -75,3 +75,19 @@ int keymap_add(KeyMap *m, const uint8_t key[16], const char *path, uint64_t offs
         m->n++;
         return 1;
 }
+
+int keymap_set(KeyMap *m, const uint8_t key[16], const char *path, uint64_t offset, uint64_t size) {
+        KeyMapEntry *e = keymap_get(m, key);
+        char *copy;
+
+        if (!e)
+                return keymap_add(m, key, path, offset, size);
+        copy = strdup(path);
+        if (!copy)
+                return -ENOMEM;
+        free(e->path);
+        e->path = copy;
+        e->offset = offset;
+        e->size = size;
+        return 0;
+}

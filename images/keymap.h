@@ -25,6 +25,8 @@ void keymap_done(KeyMap *m);
 KeyMapEntry *keymap_get(const KeyMap *m, const uint8_t key[16]);
 /* Adds the entry unless the key is there already (then 0); 1 if added. */
 int keymap_add(KeyMap *m, const uint8_t key[16], const char *path, uint64_t offset, uint64_t size);
+/* Adds the entry, or changes the one the key has. */
+int keymap_set(KeyMap *m, const uint8_t key[16], const char *path, uint64_t offset, uint64_t size);
 
 static inline void keymap_ino_key(uint64_t ino, uint8_t ret[16]) {
         for (unsigned i = 0; i < 16; i++)

@@ -49,8 +49,13 @@ typedef struct Sender {
         uint64_t logical_bytes;
 
         KeyMap created;                 /* inode -> the path it was created at */
-        KeyMap kept;                    /* inode -> a path where the parent's inode stays */
         KeyMap updated;                 /* inodes changed in place already */
+        KeyMap survivors;               /* inode -> 1 if the parent's inode is the image's, 2 if not */
+        KeyMap parent_inodes;           /* inodes reachable by name in the parent */
+        KeyMap image_inodes;            /* ... and in the image */
+        KeyMap location;                /* inode -> its name and parent directory on the receiver */
+        KeyMap orphans;                 /* inode -> its temporary name in the root; size 1: placed */
+        KeyMap touched;                 /* directories whose entries change on the receiver */
         KeyMap sent_blocks;             /* digest -> where the receiving subvolume has it */
         KeyMap parent_blocks;           /* digest -> where the parent has it */
         KeyMap parent_files;            /* inode -> a path of the parent's regular file */
@@ -109,12 +114,6 @@ static int open_dir_sorted(Volume *v, uint64_t ino, VolumeDir **ret) {
 }
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(VolumeDir *, volume_dir_free);
-
-static const VolumeDirent *dir_find(const VolumeDir *d, const char *name) {
-        VolumeDirent key = { .name = (char *) name };
-
-        return d ? bsearch(&key, d->entries, d->n, sizeof *d->entries, dirent_compare) : NULL;
-}
 
 static int join_path(const char *dir, const char *name, char **ret) {
         char *p;
@@ -654,6 +653,7 @@ static int send_new_data(Sender *sd, const char *path, uint64_t ino, const struc
 }
 
 static int send_new_entry(Sender *sd, const char *path, const VolumeDirent *e);
+static int diff_place(Sender *sd, uint64_t dir, const char *path);
 
 static int send_new_children(Sender *sd, const char *path, uint64_t ino) {
         _cleanup_(volume_dir_freep) VolumeDir *dir = NULL;
@@ -753,9 +753,7 @@ static int send_new_entry(Sender *sd, const char *path, const VolumeDirent *e) {
                 return fail(sd, r, path, "read the attributes");
 
         if (!S_ISDIR(st.st_mode)) {
-                other = keymap_get(&sd->kept, ino_key(e->ino, key));
-                if (!other)
-                        other = keymap_get(&sd->created, key);
+                other = keymap_get(&sd->created, ino_key(e->ino, key));
                 if (other)
                         return send_link(sd, path, other->path);
                 if (st.st_nlink > 1) {
@@ -773,7 +771,7 @@ static int send_new_entry(Sender *sd, const char *path, const VolumeDirent *e) {
         if (r >= 0)
                 r = send_owner_mode(sd, path, e->ino, &st, NULL, &changed);
         if (r >= 0 && S_ISDIR(st.st_mode))
-                r = send_new_children(sd, path, e->ino);
+                r = sd->parent ? diff_place(sd, e->ino, path) : send_new_children(sd, path, e->ino);
         if (r >= 0) {
                 r = emit_times(sd, path, &st);
                 if (r < 0)
@@ -782,146 +780,313 @@ static int send_new_entry(Sender *sd, const char *path, const VolumeDirent *e) {
         return r;
 }
 
-/* ---- the difference against the parent ---- */
+/* ---- the difference against the parent ----
+ *
+ * The receiver starts from the parent. Inodes the parent and the image
+ * share (same number and type, and for links and devices the same target)
+ * are kept and changed in place; a name of theirs that moved is renamed.
+ * First pass, over the parent: names the image does not have go, except
+ * that a kept inode losing its name is moved to a temporary name in the
+ * root (an orphan) with all it holds. Second pass, over the image: new
+ * names of kept inodes take them back from the orphans (or link to them),
+ * new inodes are created, and kept ones are changed in place.
+ */
 
-/* Whether the parent's entry is the same inode as the image's, to be
- * changed in place. */
-static int same_inode(Sender *sd, const VolumeDirent *old, const VolumeDirent *e, bool *ret) {
-        struct stat a, b;
-        int r;
-
-        *ret = false;
-        if (!old || !e || old->ino != e->ino || old->type != e->type)
-                return 0;
-        r = volume_getattr(sd->parent, old->ino, &a);
-        if (r >= 0)
-                r = volume_getattr(sd->image, e->ino, &b);
-        if (r < 0)
-                return r;
-        if ((a.st_mode & S_IFMT) != (b.st_mode & S_IFMT))
-                return 0;
-        if (S_ISCHR(a.st_mode) || S_ISBLK(a.st_mode)) {
-                *ret = a.st_rdev == b.st_rdev;
-                return 0;
-        }
-        if (S_ISLNK(a.st_mode)) {
-                char ta[STREAM_PATH_MAX + 1], tb[STREAM_PATH_MAX + 1];
-                int la = volume_readlink(sd->parent, old->ino, ta, sizeof ta);
-                int lb = volume_readlink(sd->image, e->ino, tb, sizeof tb);
-
-                if (la < 0 || lb < 0)
-                        return la < 0 ? la : lb;
-                *ret = la == lb && memcmp(ta, tb, (size_t) la) == 0;
-                return 0;
-        }
-        *ret = true;
-        return 0;
-}
-
-static int delete_tree(Sender *sd, const char *path, const VolumeDirent *old) {
-        int r;
-
-        if (old->type == S_IFDIR) {
-                _cleanup_(volume_dir_freep) VolumeDir *dir = NULL;
-
-                r = volume_opendir(sd->parent, old->ino, &dir);
-                if (r < 0)
-                        return fail(sd, r, path, "read the parent's directory");
-                for (size_t i = 0; i < dir->n; i++) {
-                        _cleanup_free_ char *child = NULL;
-
-                        r = join_path(path, dir->entries[i].name, &child);
-                        if (r < 0)
-                                return fail(sd, r, path, "name an entry");
-                        r = delete_tree(sd, child, &dir->entries[i]);
-                        if (r < 0)
-                                return r;
-                }
-        }
-        r = emit_path(sd, old->type == S_IFDIR ? CMD_RMDIR : CMD_UNLINK, path);
-        return r < 0 ? fail(sd, r, path, "send a removal") : 0;
-}
-
-/* First pass: removes what the image no longer has, and notes which inodes
- * stay where they are. touched: the directory lost an entry. */
-static int diff_remove(Sender *sd, const char *path, uint64_t old_dir, uint64_t dir_ino, KeyMap *touched) {
-        _cleanup_(volume_dir_freep) VolumeDir *old = NULL, *now = NULL;
+/* The inodes a tree reaches by name: a layer's inode rows may outlive
+ * their last name below a layer that removed it, so that asking for an
+ * inode by number is no proof that the tree has it. */
+static int collect_inodes(Volume *v, uint64_t dir, KeyMap *set, unsigned depth) {
+        _cleanup_(volume_dir_freep) VolumeDir *d = NULL;
         uint8_t key[16];
         int r;
 
-        r = open_dir_sorted(sd->parent, old_dir, &old);
-        if (r >= 0)
-                r = open_dir_sorted(sd->image, dir_ino, &now);
+        if (depth > STREAM_PATH_MAX / 2)
+                return -ELOOP;
+        r = volume_opendir(v, dir, &d);
         if (r < 0)
-                return fail(sd, r, path, "read the directory");
-
-        for (size_t i = 0; i < old->n; i++) {
-                const VolumeDirent *o = &old->entries[i], *e = dir_find(now, o->name);
-                _cleanup_free_ char *child = NULL;
-                bool same;
-
-                r = join_path(path, o->name, &child);
-                if (r < 0)
-                        return fail(sd, r, path, "name an entry");
-                r = same_inode(sd, o, e, &same);
-                if (r < 0)
-                        return fail(sd, r, child, "compare");
-                if (!same) {
-                        r = delete_tree(sd, child, o);
-                        if (r < 0)
-                                return r;
-                        r = keymap_add(touched, ino_key(dir_ino, key), path, 0, 0);
-                } else if (o->type == S_IFDIR)
-                        r = diff_remove(sd, child, o->ino, e->ino, touched);
-                else
-                        r = keymap_add(&sd->kept, ino_key(o->ino, key), child, 0, 0);
+                return r;
+        for (size_t i = 0; i < d->n; i++) {
+                r = keymap_add(set, ino_key(d->entries[i].ino, key), "", 0, 0);
+                if (r > 0 && d->entries[i].type == S_IFDIR)
+                        r = collect_inodes(v, d->entries[i].ino, set, depth + 1);
                 if (r < 0)
                         return r;
+        }
+        return 0;
+}
+
+static int inode_survives(Sender *sd, uint64_t ino, bool *ret) {
+        uint8_t key[16];
+        KeyMapEntry *cached = keymap_get(&sd->survivors, ino_key(ino, key));
+        struct stat a, b;
+        bool same = false;
+        int r = 0;
+
+        if (cached) {
+                *ret = cached->offset == 1;
+                return 0;
+        }
+        if (ino == VOLUME_ROOT_INO ||
+            (keymap_get(&sd->parent_inodes, key) && keymap_get(&sd->image_inodes, key))) {
+                r = volume_getattr(sd->parent, ino, &a);
+                if (r >= 0)
+                        r = volume_getattr(sd->image, ino, &b);
+        } else
+                r = -ENOENT;
+        if (r < 0 && r != -ENOENT)
+                return r;
+        if (r >= 0 && (a.st_mode & S_IFMT) == (b.st_mode & S_IFMT)) {
+                same = true;
+                if (S_ISCHR(a.st_mode) || S_ISBLK(a.st_mode))
+                        same = a.st_rdev == b.st_rdev;
+                else if (S_ISLNK(a.st_mode)) {
+                        char ta[STREAM_PATH_MAX + 1], tb[STREAM_PATH_MAX + 1];
+                        int la = volume_readlink(sd->parent, ino, ta, sizeof ta);
+                        int lb = volume_readlink(sd->image, ino, tb, sizeof tb);
+
+                        if (la < 0 || lb < 0)
+                                return la < 0 ? la : lb;
+                        same = la == lb && memcmp(ta, tb, (size_t) la) == 0;
+                }
+        }
+        r = keymap_add(&sd->survivors, key, "", same ? 1 : 2, 0);
+        if (r < 0)
+                return r;
+        *ret = same;
+        return 0;
+}
+
+/* Whether name in directory dir names the kept inode ino in the volume
+ * other (the image when walking the parent, and the other way round). */
+static bool name_kept(Volume *other, uint64_t dir, const char *name, uint64_t ino) {
+        struct stat st;
+
+        return volume_lookup(other, dir, name, &st) >= 0 && (uint64_t) st.st_ino == ino;
+}
+
+static int set_location(Sender *sd, uint64_t ino, uint64_t dir, const char *name) {
+        uint8_t key[16];
+
+        return keymap_set(&sd->location, ino_key(ino, key), name, dir, 0);
+}
+
+static int touch(Sender *sd, uint64_t dir) {
+        uint8_t key[16];
+
+        return keymap_set(&sd->touched, ino_key(dir, key), "", 0, 0);
+}
+
+static bool touched(Sender *sd, uint64_t dir) {
+        uint8_t key[16];
+
+        return keymap_get(&sd->touched, ino_key(dir, key)) != NULL;
+}
+
+/* Where an inode is on the receiver now, from its location and those of
+ * the directories above it. */
+static int receiver_path(Sender *sd, uint64_t ino, char **ret) {
+        _cleanup_free_ char *path = strdup("");
+        uint8_t key[16];
+
+        if (!path)
+                return -ENOMEM;
+        for (unsigned depth = 0; ino != VOLUME_ROOT_INO; depth++) {
+                KeyMapEntry *e = keymap_get(&sd->location, ino_key(ino, key));
+                char *longer;
+
+                if (!e || depth > STREAM_PATH_MAX)
+                        return -EUCLEAN;
+                if (asprintf(&longer, "%s%s%s", e->path, *path ? "/" : "", path) < 0)
+                        return -ENOMEM;
+                free(path);
+                path = longer;
+                ino = e->offset;
+        }
+        if (strlen(path) > STREAM_PATH_MAX)
+                return -ENAMETOOLONG;
+        *ret = TAKE_PTR(path);
+        return 0;
+}
+
+/* A name in the root that neither image has. */
+static int orphan_name(Sender *sd, uint64_t ino, char ret[static 64]) {
+        struct stat st;
+
+        for (unsigned n = 0;; n++) {
+                snprintf(ret, 64, "o%" PRIu64 "-cowbox-%u", ino, n);
+                if (volume_lookup(sd->parent, VOLUME_ROOT_INO, ret, &st) == -ENOENT &&
+                    volume_lookup(sd->image, VOLUME_ROOT_INO, ret, &st) == -ENOENT)
+                        return 0;
+                if (n > 1000)
+                        return -EEXIST;
+        }
+}
+
+static int emit_rename(Sender *sd, const char *from, const char *to) {
+        int r;
+
+        stream_begin(&sd->w, CMD_RENAME);
+        stream_put_string(&sd->w, ATTR_PATH, from);
+        stream_put_string(&sd->w, ATTR_PATH_TO, to);
+        r = stream_end(&sd->w);
+        return r < 0 ? fail(sd, r, from, "send a rename") : 0;
+}
+
+/* First pass, over the parent's directory dir, which is at path on the
+ * receiver. */
+static int diff_detach(Sender *sd, uint64_t dir, const char *path) {
+        _cleanup_(volume_dir_freep) VolumeDir *old = NULL;
+        bool dir_kept;
+        uint8_t key[16];
+        int r;
+
+        r = inode_survives(sd, dir, &dir_kept);
+        if (r >= 0)
+                r = open_dir_sorted(sd->parent, dir, &old);
+        if (r < 0)
+                return fail(sd, r, path, "read the parent's directory");
+
+        for (size_t i = 0; i < old->n; i++) {
+                const VolumeDirent *o = &old->entries[i];
+                _cleanup_free_ char *child = NULL;
+                bool survives;
+
+                r = join_path(path, o->name, &child);
+                if (r >= 0)
+                        r = inode_survives(sd, o->ino, &survives);
+                if (r < 0)
+                        return fail(sd, r, path, "compare an entry");
+
+                if (survives && dir_kept && name_kept(sd->image, dir, o->name, o->ino)) {
+                        r = set_location(sd, o->ino, dir, o->name);
+                        if (r >= 0 && o->type == S_IFDIR)
+                                r = diff_detach(sd, o->ino, child);
+                        if (r < 0)
+                                return r;
+                        continue;
+                }
+
+                r = touch(sd, dir);
+                if (r < 0)
+                        return r;
+                if (survives && !keymap_get(&sd->orphans, ino_key(o->ino, key))) {
+                        char orphan[64];
+
+                        r = orphan_name(sd, o->ino, orphan);
+                        if (r < 0)
+                                return fail(sd, r, child, "find a temporary name");
+                        r = emit_rename(sd, child, orphan);
+                        if (r < 0)
+                                return r;
+                        r = keymap_add(&sd->orphans, key, orphan, 0, 0);
+                        if (r >= 0 && (o->type == S_IFDIR || !keymap_get(&sd->location, key)))
+                                r = set_location(sd, o->ino, VOLUME_ROOT_INO, orphan);
+                        if (r >= 0 && o->type == S_IFDIR)
+                                r = diff_detach(sd, o->ino, orphan);
+                } else if (!survives && o->type == S_IFDIR) {
+                        r = diff_detach(sd, o->ino, child);
+                        if (r >= 0)
+                                r = emit_path(sd, CMD_RMDIR, child);
+                } else
+                        r = emit_path(sd, CMD_UNLINK, child);
+                if (r < 0)
+                        return fail(sd, r, child, "send a removal");
         }
         return 0;
 }
 
 static int update_inode(Sender *sd, const char *path, uint64_t ino, bool touched);
 
-/* Second pass: changes what stayed, creates what is new. */
-static int diff_update(Sender *sd, const char *path, uint64_t old_dir, uint64_t dir_ino, KeyMap *touched) {
-        _cleanup_(volume_dir_freep) VolumeDir *old = NULL, *now = NULL;
+/* Changes a kept inode once, whatever number of names it has. */
+static int update_once(Sender *sd, const char *path, const VolumeDirent *e) {
         uint8_t key[16];
         int r;
 
-        r = open_dir_sorted(sd->parent, old_dir, &old);
+        if (e->type == S_IFDIR)
+                return update_inode(sd, path, e->ino, touched(sd, e->ino));
+        r = keymap_add(&sd->updated, ino_key(e->ino, key), path, 0, 0);
+        if (r <= 0)
+                return r;
+        return update_inode(sd, path, e->ino, false);
+}
+
+/* Second pass, over the image's directory dir, at path on the receiver. */
+static int diff_place(Sender *sd, uint64_t dir, const char *path) {
+        _cleanup_(volume_dir_freep) VolumeDir *now = NULL;
+        bool dir_kept;
+        uint8_t key[16];
+        int r;
+
+        r = inode_survives(sd, dir, &dir_kept);
         if (r >= 0)
-                r = open_dir_sorted(sd->image, dir_ino, &now);
+                r = open_dir_sorted(sd->image, dir, &now);
         if (r < 0)
                 return fail(sd, r, path, "read the directory");
 
         for (size_t i = 0; i < now->n; i++) {
-                const VolumeDirent *e = &now->entries[i], *o = dir_find(old, e->name);
+                const VolumeDirent *e = &now->entries[i];
                 _cleanup_free_ char *child = NULL;
-                bool same;
+                KeyMapEntry *orphan;
+                bool survives;
 
                 r = join_path(path, e->name, &child);
+                if (r >= 0)
+                        r = inode_survives(sd, e->ino, &survives);
                 if (r < 0)
-                        return fail(sd, r, path, "name an entry");
-                r = same_inode(sd, o, e, &same);
-                if (r < 0)
-                        return fail(sd, r, child, "compare");
-                if (!same) {
-                        r = send_new_entry(sd, child, e);
-                        if (r >= 0)
-                                r = keymap_add(touched, ino_key(dir_ino, key), path, 0, 0);
-                } else if (e->type == S_IFDIR) {
-                        r = diff_update(sd, child, o->ino, e->ino, touched);
-                        if (r >= 0)
-                                r = update_inode(sd, child, e->ino,
-                                                 keymap_get(touched, ino_key(e->ino, key)) != NULL);
-                } else if (!keymap_get(&sd->updated, ino_key(e->ino, key))) {
-                        r = keymap_add(&sd->updated, key, child, 0, 0);
-                        if (r >= 0)
-                                r = update_inode(sd, child, e->ino, false);
+                        return fail(sd, r, path, "compare an entry");
+
+                if (!(survives && dir_kept && name_kept(sd->parent, dir, e->name, e->ino))) {
+                        r = touch(sd, dir);
+                        if (r < 0)
+                                return r;
+                        if (!survives) {
+                                r = set_location(sd, e->ino, dir, e->name);
+                                if (r >= 0)
+                                        r = send_new_entry(sd, child, e);
+                                if (r < 0)
+                                        return r;
+                                continue;
+                        }
+                        orphan = keymap_get(&sd->orphans, ino_key(e->ino, key));
+                        if (orphan && orphan->size == 0) {
+                                r = emit_rename(sd, orphan->path, child);
+                                orphan->size = 1;
+                                if (r >= 0)
+                                        r = set_location(sd, e->ino, dir, e->name);
+                        } else {
+                                _cleanup_free_ char *existing = NULL;
+
+                                r = receiver_path(sd, e->ino, &existing);
+                                if (r < 0)
+                                        return fail(sd, r, child, "find the other name of the file");
+                                r = send_link(sd, child, existing);
+                        }
+                        if (r < 0)
+                                return r;
                 }
+                if (e->type == S_IFDIR) {
+                        r = diff_place(sd, e->ino, child);
+                        if (r < 0)
+                                return r;
+                }
+                r = update_once(sd, child, e);
                 if (r < 0)
                         return r;
+        }
+        return 0;
+}
+
+/* Orphans of files whose every new name is a link to another: they go. */
+static int remove_unplaced_orphans(Sender *sd) {
+        for (size_t i = 0; i < sd->orphans.n_slots; i++) {
+                KeyMapEntry *o = &sd->orphans.slots[i];
+                int r;
+
+                if (!o->path || o->size != 0)
+                        continue;
+                r = emit_path(sd, CMD_UNLINK, o->path);
+                if (r < 0)
+                        return fail(sd, r, o->path, "send a removal");
         }
         return 0;
 }
@@ -985,7 +1150,6 @@ static int open_image(Sender *sd, const char *name, Volume **ret, uint8_t uuid[1
 }
 
 static int send_stream(Sender *sd) {
-        KeyMap touched = {};
         struct stat root;
         bool changed = false;
         int r;
@@ -1007,16 +1171,18 @@ static int send_stream(Sender *sd) {
                 return fail(sd, r, "", "send the subvolume");
 
         if (sd->parent) {
-                r = diff_remove(sd, "", VOLUME_ROOT_INO, VOLUME_ROOT_INO, &touched);
+                r = collect_inodes(sd->parent, VOLUME_ROOT_INO, &sd->parent_inodes, 0);
                 if (r >= 0)
-                        r = diff_update(sd, "", VOLUME_ROOT_INO, VOLUME_ROOT_INO, &touched);
-                if (r >= 0) {
-                        uint8_t key[16];
-
-                        r = update_inode(sd, "", VOLUME_ROOT_INO,
-                                         keymap_get(&touched, ino_key(VOLUME_ROOT_INO, key)) != NULL);
-                }
-                keymap_done(&touched);
+                        r = collect_inodes(sd->image, VOLUME_ROOT_INO, &sd->image_inodes, 0);
+                if (r < 0)
+                        return image_error(sd->error, r, "cannot read the trees: %s", strerror(-r));
+                r = diff_detach(sd, VOLUME_ROOT_INO, "");
+                if (r >= 0)
+                        r = diff_place(sd, VOLUME_ROOT_INO, "");
+                if (r >= 0)
+                        r = remove_unplaced_orphans(sd);
+                if (r >= 0)
+                        r = update_inode(sd, "", VOLUME_ROOT_INO, touched(sd, VOLUME_ROOT_INO));
                 if (r < 0)
                         return r;
         } else {
@@ -1083,8 +1249,13 @@ int image_send(Store *s, const char *image, int fd, const ImageSendOptions *opts
         volume_close(sd.image);
         stream_writer_done(&sd.w);
         keymap_done(&sd.created);
-        keymap_done(&sd.kept);
         keymap_done(&sd.updated);
+        keymap_done(&sd.survivors);
+        keymap_done(&sd.parent_inodes);
+        keymap_done(&sd.image_inodes);
+        keymap_done(&sd.location);
+        keymap_done(&sd.orphans);
+        keymap_done(&sd.touched);
         keymap_done(&sd.sent_blocks);
         keymap_done(&sd.parent_blocks);
         keymap_done(&sd.parent_files);
