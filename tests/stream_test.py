@@ -239,14 +239,19 @@ CMD = {name: i for i, name in enumerate(
 ATTR = {name: i for i, name in enumerate(
     ['unspec', 'uuid', 'ctransid', 'ino', 'size', 'mode', 'uid', 'gid', 'rdev', 'ctime', 'mtime',
      'atime', 'otime', 'xattr_name', 'xattr_data', 'path', 'path_to', 'path_link', 'file_offset',
-     'data', 'clone_uuid', 'clone_ctransid', 'clone_path', 'clone_offset', 'clone_len'])}
+     'data', 'clone_uuid', 'clone_ctransid', 'clone_path', 'clone_offset', 'clone_len',
+     'fallocate_mode', 'fileattr', 'unencoded_file_len', 'unencoded_len', 'unencoded_offset',
+     'compression', 'encryption'])}
+U32_ATTRS = ('fallocate_mode', 'compression', 'encryption')
 
 
 def tlv(attr, value):
     if isinstance(value, str):
         value = value.encode()
+    elif isinstance(value, tuple):       # a time: seconds, nanoseconds
+        value = struct.pack('<QI', *value)
     elif isinstance(value, int):
-        value = struct.pack('<Q', value)
+        value = struct.pack('<I' if attr in U32_ATTRS else '<Q', value)
     return struct.pack('<HH', ATTR[attr], len(value)) + value
 
 
@@ -256,6 +261,13 @@ def command(cmd, *attrs, crc=None):
     if crc is None:
         crc = crc32c(header + payload)
     return struct.pack('<IHI', len(payload), CMD[cmd] if isinstance(cmd, str) else cmd, crc) + payload
+
+
+def command_v2(cmd, *attrs, data=b''):
+    """A version 2 command whose DATA attribute runs to its end."""
+    payload = b''.join(tlv(a, v) for a, v in attrs) + struct.pack('<H', ATTR['data']) + data
+    h = struct.pack('<IHI', len(payload), CMD[cmd], 0)
+    return struct.pack('<IHI', len(payload), CMD[cmd], crc32c(h + payload)) + payload
 
 
 def header(version=1):

@@ -6,6 +6,7 @@ and nothing outside the image is touched. Then a good stream still goes
 in, and the store checks out."""
 
 import os
+import stat
 import struct
 import subprocess
 import sys
@@ -14,7 +15,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cowbox_test as t  # noqa: E402
 import stream_test as st  # noqa: E402
-from stream_test import command, header, simple_stream  # noqa: E402
+from stream_test import command, command_v2, header, simple_stream  # noqa: E402
 
 UUID = b'\x42' * 16
 
@@ -141,6 +142,74 @@ def check_refused(store, label, data, needle, tmp, outside, via_pipe):
         t.fail(f'{label} ({how}): wrote outside the image: {os.listdir(outside)}')
 
 
+def every_command_stream():
+    """A version 2 stream that uses every command a receiver must apply."""
+    import zlib
+    text = b'0123456789abcdef' * 8192          # 128 KiB
+    t0 = (1_600_000_000, 123456789)
+    body = [
+        command('mkdir', ('path', 'd'), ('ino', 10)),
+        command('mkfile', ('path', 'd/f'), ('ino', 11)),
+        command_v2('write', ('path', 'd/f'), ('file_offset', 0), data=text),
+        command('mkfile', ('path', 'g'), ('ino', 12)),
+        command('clone', ('file_offset', 0), ('clone_len', 65536), ('path', 'g'), ('clone_uuid', UUID),
+                ('clone_ctransid', 7), ('clone_path', 'd/f'), ('clone_offset', 65536)),
+        command('fallocate', ('path', 'd/f'), ('fallocate_mode', 3), ('file_offset', 4096), ('size', 4096)),
+        command('fileattr', ('path', 'd/f'), ('fileattr', 0x200)),
+        command('update_extent', ('path', 'd/f'), ('file_offset', 0), ('size', 10)),
+        command('mkfile', ('path', 'z'), ('ino', 13)),
+        command_v2('encoded_write', ('path', 'z'), ('file_offset', 0), ('unencoded_file_len', 5000),
+                   ('unencoded_len', 6000), ('unencoded_offset', 1000), ('compression', 1),
+                   ('encryption', 0), data=zlib.compress(bytes(range(250)) * 24)),
+        command('mknod', ('path', 'null'), ('ino', 14), ('rdev', (1 << 8) | 3), ('mode', 0o20644)),
+        command('mkfifo', ('path', 'fifo'), ('ino', 15), ('rdev', 0), ('mode', 0o10644)),
+        command('mksock', ('path', 'sock'), ('ino', 16), ('rdev', 0), ('mode', 0o140644)),
+        command('symlink', ('path', 'sym'), ('ino', 17), ('path_link', '../anywhere')),
+        command('link', ('path', 'hard'), ('path_link', 'g')),
+        command('rename', ('path', 'g'), ('path_to', 'd/g')),
+        command('set_xattr', ('path', 'd/g'), ('xattr_name', 'user.a'), ('xattr_data', b'1')),
+        command('set_xattr', ('path', 'd/g'), ('xattr_name', 'user.b'), ('xattr_data', b'2')),
+        command('remove_xattr', ('path', 'd/g'), ('xattr_name', 'user.a')),
+        command('mkdir', ('path', 'gone'), ('ino', 18)),
+        command('mkfile', ('path', 'gone/x'), ('ino', 19)),
+        command('unlink', ('path', 'gone/x')),
+        command('rmdir', ('path', 'gone')),
+        command('truncate', ('path', 'd/f'), ('size', 100000)),
+        command('chown', ('path', 'd/g'), ('uid', 1234), ('gid', 5678)),
+        command('chmod', ('path', 'd/g'), ('mode', 0o640)),
+        command('utimes', ('path', 'd/g'), ('atime', t0), ('mtime', t0), ('ctime', t0)),
+    ]
+    stream = (header(2) + command('subvol', ('path', 'every'), ('uuid', UUID), ('ctransid', 7))
+              + b''.join(body) + command('end'))
+    expect_f = bytearray(text[:100000])
+    expect_f[4096:8192] = bytes(4096)
+    expect_z = (bytes(range(250)) * 24)[1000:6000]
+    return stream, bytes(expect_f), text[65536:131072], expect_z, t0
+
+
+def check_every_command(store, tmp):
+    stream, expect_f, expect_g, expect_z, t0 = every_command_stream()
+    path = os.path.join(tmp, 'every')
+    with open(path, 'wb') as f:
+        f.write(stream)
+    store.run('receive', '-f', path)
+    with store.mount('every') as m:
+        t.check_bytes(t.read_file(m.p('d/f')), expect_f, 'd/f (write, fallocate punch, truncate)')
+        t.check_bytes(t.read_file(m.p('d/g')), expect_g, 'd/g (clone, rename)')
+        t.check_bytes(t.read_file(m.p('z')), expect_z, 'z (zlib encoded write)')
+        st_g = os.lstat(m.p('d/g'))
+        t.check_equal((st_g.st_uid, st_g.st_gid, st_g.st_mode & 0o7777, st_g.st_nlink), (1234, 5678, 0o640, 2),
+                      'd/g owner, mode and links')
+        t.check_equal(st_g.st_mtime_ns, t0[0] * 10**9 + t0[1], 'd/g mtime')
+        t.check_equal(os.listxattr(m.p('d/g')), ['user.b'], 'd/g xattrs')
+        t.check_equal(os.lstat(m.p('hard')).st_ino, st_g.st_ino, 'hard is a link of d/g')
+        t.check_equal(os.stat(m.p('null')).st_rdev, os.makedev(1, 3), 'null device numbers')
+        t.check(stat.S_ISFIFO(os.lstat(m.p('fifo')).st_mode), 'fifo is a FIFO')
+        t.check(stat.S_ISSOCK(os.lstat(m.p('sock')).st_mode), 'sock is a socket')
+        t.check_equal(os.readlink(m.p('sym')), '../anywhere', 'symlink target')
+        t.check(not os.path.exists(m.p('gone')), 'gone was removed')
+
+
 def run():
     with t.Store('images-malformed') as store:
         tmp = store.new_dir('streams')
@@ -163,6 +232,9 @@ def run():
             f.write(good)
         store.run('receive', '-f', path)
         t.check_equal(store.names(), ['good'], 'images after receiving a good stream')
+        if os.path.exists('/dev/fuse') and os.geteuid() == 0:
+            check_every_command(store, tmp)
+            store.run('subvolume', 'delete', 'every')
         r = store.run('receive', '-f', path, expect=1)
         t.check('exists already' in r.err, f'receiving the same image twice:\n{r.describe()}')
         store.reap()
