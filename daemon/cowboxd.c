@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * cowboxd: owns a cowbox store and serves it on the system bus as
+ * org.cowbox1 (or on the bus DBUS_SYSTEM_BUS_ADDRESS names).
+ */
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "api.h"
+#include "manager.h"
+
+static void help(void) {
+        printf("Usage: cowboxd [--store DIR] [--init]\n"
+               "\n"
+               "Owns a cowbox store and serves it on the system bus as " API_SERVICE ", or on the bus\n"
+               "that $DBUS_SYSTEM_BUS_ADDRESS names. Runs until SIGTERM or SIGINT.\n"
+               "\n"
+               "Options:\n"
+               "  --store DIR   the store (default: $COWBOX_STORE, else " STORE_DEFAULT_PATH ")\n"
+               "  --init        create the store if DIR holds none\n"
+               "  --help        show this help\n"
+               "  --version     show the version\n"
+               "\n"
+               "At start it removes what receives that died left behind and lets the reaper\n"
+               "finish deletions. Control it with the cowbox command or any D-Bus client.\n");
+}
+
+int main(int argc, char *argv[]) {
+        static const struct option options[] = {
+                { "store",   required_argument, NULL, 's' },
+                { "init",    no_argument,       NULL, 'i' },
+                { "help",    no_argument,       NULL, 'h' },
+                { "version", no_argument,       NULL, 'v' },
+                {}
+        };
+        const char *store = getenv("COWBOX_STORE");
+        Manager *m = NULL;
+        bool init = false;
+        int c, r;
+
+        while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0)
+                switch (c) {
+                case 's':
+                        store = optarg;
+                        break;
+                case 'i':
+                        init = true;
+                        break;
+                case 'h':
+                        help();
+                        return EXIT_SUCCESS;
+                case 'v':
+                        printf("cowboxd " COWBOX_VERSION "\n");
+                        return EXIT_SUCCESS;
+                default:
+                        fprintf(stderr, "cowboxd: see 'cowboxd --help'\n");
+                        return 2;
+                }
+        if (optind < argc) {
+                fprintf(stderr, "cowboxd: unexpected argument '%s'; see 'cowboxd --help'\n", argv[optind]);
+                return 2;
+        }
+        if (!store || !*store)
+                store = STORE_DEFAULT_PATH;
+
+        if (init) {
+                r = store_init(store);
+                if (r < 0 && r != -EEXIST) {
+                        fprintf(stderr, "cowboxd: cannot create a store at %s: %s\n", store, strerror(-r));
+                        return EXIT_FAILURE;
+                }
+        }
+        r = manager_new(store, &m);
+        if (r < 0) {
+                fprintf(stderr, "cowboxd: cannot open the store at %s: %s%s\n", store, strerror(-r),
+                        r == -ENOENT ? " (create it with --init)" : "");
+                return EXIT_FAILURE;
+        }
+        r = manager_start(m);
+        if (r < 0) {
+                fprintf(stderr, "cowboxd: cannot serve on the bus: %s%s\n", strerror(-r),
+                        r == -EEXIST ? " (another cowboxd has the name " API_SERVICE ")" :
+                        r == -ENOENT || r == -ECONNREFUSED ? " (no system bus; set DBUS_SYSTEM_BUS_ADDRESS)" : "");
+                manager_free(m);
+                return EXIT_FAILURE;
+        }
+        fprintf(stderr, "cowboxd: serving the store at %s as " API_SERVICE "\n", store);
+        r = manager_run(m);
+        manager_free(m);
+        if (r < 0) {
+                fprintf(stderr, "cowboxd: %s\n", strerror(-r));
+                return EXIT_FAILURE;
+        }
+        return EXIT_SUCCESS;
+}

@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+#include <errno.h>
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "cleanup.h"
+#include "images.h"
+#include "manager.h"
+
+int manager_new(const char *store_path, Manager **ret) {
+        Manager *m;
+        int r;
+
+        m = calloc(1, sizeof *m);
+        if (!m)
+                return -ENOMEM;
+        m->store_path = strdup(store_path);
+        if (!m->store_path) {
+                free(m);
+                return -ENOMEM;
+        }
+        r = store_open(store_path, &m->store);
+        if (r < 0) {
+                manager_free(m);
+                return r;
+        }
+        *ret = m;
+        return 0;
+}
+
+Manager *manager_free(Manager *m) {
+        if (!m)
+                return NULL;
+        for (Job *j = m->jobs; j; j = j->next)
+                if (j->worker > 0)
+                        (void) kill(j->worker, SIGTERM);
+        sd_bus_flush_close_unref(m->bus);
+        sd_event_unref(m->event);
+        store_close(m->store);
+        free(m->store_path);
+        free(m);
+        return NULL;
+}
+
+void manager_reap_soon(Manager *m) {
+        /* The reaper is a process of its own, at the store's reaper rate. */
+        (void) store_reap_in_background(m->store);
+}
+
+void manager_recover(Manager *m) {
+        StoreUsage usage;
+
+        if (image_remove_stale_receives(m->store) > 0 ||
+            (store_usage(m->store, &usage) >= 0 && usage.reclaimable_bytes > 0))
+                manager_reap_soon(m);
+}
+
+static bool caller_in_group(sd_bus_creds *creds, uid_t uid, gid_t group) {
+        const gid_t *gids;
+        gid_t egid;
+        int n;
+
+        if (sd_bus_creds_get_egid(creds, &egid) >= 0 && egid == group)
+                return true;
+        n = sd_bus_creds_get_supplementary_gids(creds, &gids);
+        if (n >= 0) {
+                for (int i = 0; i < n; i++)
+                        if (gids[i] == group)
+                                return true;
+                return false;
+        }
+        /* The bus did not say: ask the group database about the user. */
+        {
+                struct passwd *pw = getpwuid(uid);
+                gid_t list[256];
+                int count = (int) (sizeof list / sizeof list[0]);
+
+                if (!pw || getgrouplist(pw->pw_name, pw->pw_gid, list, &count) < 0)
+                        return false;
+                for (int i = 0; i < count; i++)
+                        if (list[i] == group)
+                                return true;
+        }
+        return false;
+}
+
+int manager_check_caller(sd_bus_message *message, sd_bus_error *error) {
+        _cleanup_(sd_bus_creds_unrefp) sd_bus_creds *creds = NULL;
+        struct group *gr;
+        uid_t uid;
+        int r;
+
+        r = sd_bus_query_sender_creds(message, SD_BUS_CREDS_EUID | SD_BUS_CREDS_EGID |
+                                      SD_BUS_CREDS_SUPPLEMENTARY_GIDS | SD_BUS_CREDS_AUGMENT, &creds);
+        if (r < 0)
+                return r;
+        r = sd_bus_creds_get_euid(creds, &uid);
+        if (r < 0)
+                return r;
+        if (uid == 0)
+                return 0;
+        gr = getgrnam(API_GROUP);
+        if (gr && caller_in_group(creds, uid, gr->gr_gid))
+                return 0;
+        return sd_bus_error_setf(error, API_ERROR_ACCESS_DENIED, "Only root and members of the group '%s' may "
+                                 "change the store; ask an administrator to add you to it.", API_GROUP);
+}
+
+int manager_signal_subvolume(Manager *m, const char *name, bool added) {
+        _cleanup_free_ char *path = NULL;
+        int r;
+
+        r = api_subvolume_path(name, &path);
+        if (r < 0)
+                return r;
+        return sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE,
+                                  added ? "SubvolumeNew" : "SubvolumeRemoved", "so", name, path);
+}
+
+void manager_job_finished(Manager *m, Job *j) {
+        /* A worker that died in the middle of a receive leaves a
+         * half-received image behind; a scrub or a reap nothing. */
+        if (j->type == JOB_RECEIVE && j->state != JOB_DONE)
+                manager_recover(m);
+        if (j->type == JOB_RECEIVE && j->state == JOB_DONE && j->result) {
+                json_t *names = json_loads(j->result, 0, NULL);
+                json_t *images = json_object_get(names, "images");
+                size_t i;
+                json_t *v;
+
+                json_array_foreach(images, i, v)
+                        if (json_is_string(v))
+                                (void) manager_signal_subvolume(m, json_string_value(v), true);
+                json_decref(names);
+        }
+}
+
+static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
+        Manager *m = userdata;
+
+        return sd_event_exit(m->event, 0);
+}
+
+int manager_start(Manager *m) {
+        int r;
+
+        r = sd_event_default(&m->event);
+        if (r < 0)
+                return r;
+        {
+                sigset_t mask;
+
+                sigemptyset(&mask);
+                sigaddset(&mask, SIGTERM);
+                sigaddset(&mask, SIGINT);
+                sigaddset(&mask, SIGCHLD);
+                if (sigprocmask(SIG_BLOCK, &mask, NULL) < 0)
+                        return -errno;
+        }
+        r = sd_event_add_signal(m->event, NULL, SIGTERM, on_signal, m);
+        if (r >= 0)
+                r = sd_event_add_signal(m->event, NULL, SIGINT, on_signal, m);
+        if (r < 0)
+                return r;
+
+        /* The system bus, or the one DBUS_SYSTEM_BUS_ADDRESS names. */
+        r = sd_bus_open_system(&m->bus);
+        if (r < 0)
+                return r;
+        r = sd_bus_add_object_vtable(m->bus, NULL, API_MANAGER_PATH, API_MANAGER_INTERFACE, manager_vtable, m);
+        if (r >= 0)
+                r = sd_bus_add_fallback_vtable(m->bus, NULL, API_SUBVOLUME_PREFIX, API_SUBVOLUME_INTERFACE,
+                                               subvolume_vtable, subvolume_object_find, m);
+        if (r >= 0)
+                r = sd_bus_add_node_enumerator(m->bus, NULL, API_SUBVOLUME_PREFIX, subvolume_node_enumerator, m);
+        if (r >= 0)
+                r = sd_bus_add_fallback_vtable(m->bus, NULL, API_JOB_PREFIX, API_JOB_INTERFACE, job_vtable,
+                                               job_object_find, m);
+        if (r >= 0)
+                r = sd_bus_add_node_enumerator(m->bus, NULL, API_JOB_PREFIX, job_node_enumerator, m);
+        if (r >= 0)
+                r = sd_bus_add_object_manager(m->bus, NULL, API_MANAGER_PATH);
+        if (r < 0)
+                return r;
+        r = sd_bus_attach_event(m->bus, m->event, SD_EVENT_PRIORITY_NORMAL);
+        if (r < 0)
+                return r;
+
+        manager_recover(m);
+
+        /* The name last: once it is taken, callers find everything ready. */
+        return sd_bus_request_name(m->bus, API_SERVICE, 0);
+}
+
+int manager_run(Manager *m) {
+        return sd_event_loop(m->event);
+}

@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * The daemon's model: the manager owns the store, the bus connection, the
+ * event loop and the jobs. Its bus face is in manager-dbus.c,
+ * subvolume-dbus.c and job-dbus.c; this file's types are the daemon's own.
+ */
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <systemd/sd-bus.h>
+#include <systemd/sd-event.h>
+
+#include "store.h"
+
+#define JOBS_MAX 16
+
+typedef struct Manager Manager;
+
+typedef enum JobType {
+        JOB_RECEIVE,
+        JOB_SEND,
+        JOB_SCRUB,
+        JOB_REAP,
+        _JOB_TYPE_MAX,
+} JobType;
+
+typedef enum JobState {
+        JOB_RUNNING,
+        JOB_DONE,
+        JOB_FAILED,
+        JOB_CANCELLED,
+} JobState;
+
+/* Long work, done by a forked worker that reports over a pipe: lines of
+ * "progress DONE TOTAL", then one "result JSON" or "error ERRNO TEXT". */
+typedef struct Job {
+        Manager *manager;
+        uint32_t id;
+        JobType type;
+        char *target;           /* the image, or the store */
+        JobState state;
+        uint64_t bytes_done;
+        uint64_t bytes_total;
+
+        pid_t worker;
+        int pipe_fd;
+        sd_event_source *pipe_source;
+        sd_event_source *child_source;
+        sd_event_source *kill_timer;
+        char line[4096];
+        size_t line_len;
+
+        int error;              /* of a failed job, negative errno */
+        char *error_text;
+        char *result;           /* JSON text of a job done */
+        uint64_t progress_usec; /* last PropertiesChanged */
+
+        struct Job *next;
+} Job;
+
+struct Manager {
+        char *store_path;
+        Store *store;
+        sd_event *event;
+        sd_bus *bus;
+        Job *jobs;
+        unsigned n_jobs;
+        uint32_t next_job_id;
+};
+
+int manager_new(const char *store_path, Manager **ret);
+Manager *manager_free(Manager *m);
+int manager_start(Manager *m);
+int manager_run(Manager *m);
+
+/* Recovery at start and after a worker died: removes half-received images
+ * and lets the reaper free what they and deleted subvolumes hold. */
+void manager_recover(Manager *m);
+void manager_reap_soon(Manager *m);
+
+/* Checks that the caller may change things: root, or a member of the
+ * cowbox group. Sets an AccessDenied error otherwise. */
+int manager_check_caller(sd_bus_message *message, sd_bus_error *error);
+
+/* Work shared by the manager's methods and the subvolume objects'. */
+int manager_snapshot(sd_bus_message *message, Manager *m, const char *source, const char *name,
+                     const char *options, sd_bus_error *error);
+int manager_delete(sd_bus_message *message, Manager *m, const char *name, bool image_only, sd_bus_error *error);
+
+/* A store error as the caller should read it: a name and a sentence. */
+int store_error_reply(int r, const char *name, sd_bus_error *error);
+
+/* Signals. */
+int manager_signal_subvolume(Manager *m, const char *name, bool added);
+
+/* Jobs (job.c). work runs in the forked worker, with the store opened
+ * anew; it returns the result JSON (or NULL) and sets *ret_error. */
+typedef json_t *(*job_work_t)(Store *s, void *userdata, int *ret_error, char **ret_error_text,
+                              void (*progress)(uint64_t done, uint64_t total));
+
+int job_start(Manager *m, JobType type, const char *target, job_work_t work, void *userdata,
+              void (*userdata_free)(void *), Job **ret);
+int job_cancel(Job *j);
+Job *manager_find_job(Manager *m, uint32_t id);
+const char *job_type_to_string(JobType t);
+const char *job_state_to_string(JobState s);
+json_t *job_to_json(const Job *j);
+void manager_job_finished(Manager *m, Job *j);
+
+/* Bus faces. */
+extern const sd_bus_vtable manager_vtable[];
+extern const sd_bus_vtable subvolume_vtable[];
+extern const sd_bus_vtable job_vtable[];
+int subvolume_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata,
+                          void **found, sd_bus_error *error);
+int subvolume_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error);
+int job_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata,
+                    void **found, sd_bus_error *error);
+int job_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error);
+int job_send_changed(Job *j);
+int job_send_removed(Job *j);

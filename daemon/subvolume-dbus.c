@@ -1,0 +1,146 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/* Subvolume objects: /org/cowbox1/subvolume/NAME (escaped), with their
+ * state as properties and the methods that act on one. */
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "cleanup.h"
+#include "images.h"
+#include "manager.h"
+
+/* The object's userdata is the manager; its name comes from the path. */
+int subvolume_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata,
+                          void **found, sd_bus_error *error) {
+        _cleanup_free_ char *name = NULL;
+        Manager *m = userdata;
+        StoreSubvolumeInfo info = {};
+        int r;
+
+        r = api_subvolume_name_from_path(path, &name);
+        if (r <= 0 || !store_name_is_valid(name))
+                return 0;
+        r = store_subvolume_show(m->store, name, &info);
+        store_subvolume_info_clear(&info);
+        if (r < 0)
+                return 0;
+        *found = m;
+        return 1;
+}
+
+int subvolume_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error) {
+        Manager *m = userdata;
+        StoreSubvolumeInfo *infos = NULL;
+        size_t n = 0, k = 0;
+        char **list;
+        int r;
+
+        r = store_subvolume_list(m->store, &infos, &n);
+        if (r < 0)
+                return r;
+        list = calloc(n + 1, sizeof *list);
+        for (size_t i = 0; list && i < n; i++)
+                if (api_subvolume_path(infos[i].name, &list[k]) >= 0)
+                        k++;
+        store_subvolume_info_array_free(infos, n);
+        if (!list)
+                return -ENOMEM;
+        *nodes = list;
+        return 0;
+}
+
+static int subvolume_info(sd_bus_message *message, void *userdata, StoreSubvolumeInfo *ret,
+                          sd_bus_error *error) {
+        _cleanup_free_ char *name = NULL;
+        Manager *m = userdata;
+        int r;
+
+        r = api_subvolume_name_from_path(sd_bus_message_get_path(message), &name);
+        if (r <= 0)
+                return -ENOENT;
+        r = store_subvolume_show(m->store, name, ret);
+        return r < 0 ? store_error_reply(r, name, error) : 0;
+}
+
+static int property_get(sd_bus *bus, const char *path, const char *interface, const char *property,
+                        sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        _cleanup_free_ char *name = NULL, *json = NULL;
+        Manager *m = userdata;
+        StoreSubvolumeInfo info = {};
+        int r;
+
+        r = api_subvolume_name_from_path(path, &name);
+        if (r <= 0)
+                return -ENOENT;
+        r = store_subvolume_show(m->store, name, &info);
+        if (r < 0)
+                return store_error_reply(r, name, error);
+        if (strcmp(property, "Name") == 0)
+                r = sd_bus_message_append(reply, "s", info.name);
+        else if (strcmp(property, "UUID") == 0)
+                r = sd_bus_message_append(reply, "s", info.uuid);
+        else if (strcmp(property, "ReadOnly") == 0)
+                r = sd_bus_message_append(reply, "b", info.readonly);
+        else if (strcmp(property, "LogicalBytes") == 0)
+                r = sd_bus_message_append(reply, "t", info.logical_bytes);
+        else if (strcmp(property, "ExclusiveBytes") == 0)
+                r = sd_bus_message_append(reply, "t", info.exclusive_bytes);
+        else if (strcmp(property, "QuotaBytes") == 0)
+                r = sd_bus_message_append(reply, "t", info.quota_bytes);
+        else {
+                json_t *doc = api_subvolume_to_json(&info);
+
+                json = api_json_text(doc);
+                json_decref(doc);
+                r = json ? sd_bus_message_append(reply, "s", json) : -ENOMEM;
+        }
+        store_subvolume_info_clear(&info);
+        return r;
+}
+
+static int method_delete(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        StoreSubvolumeInfo info = {};
+        int r;
+
+        r = subvolume_info(message, userdata, &info, error);
+        if (r < 0)
+                return r;
+        r = manager_delete(message, userdata, info.name, false, error);
+        store_subvolume_info_clear(&info);
+        return r;
+}
+
+static int method_snapshot(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        StoreSubvolumeInfo info = {};
+        const char *name, *options;
+        int r;
+
+        r = sd_bus_message_read(message, "ss", &name, &options);
+        if (r < 0)
+                return r;
+        r = subvolume_info(message, userdata, &info, error);
+        if (r < 0)
+                return r;
+        r = manager_snapshot(message, userdata, info.name, name, options, error);
+        store_subvolume_info_clear(&info);
+        return r;
+}
+
+const sd_bus_vtable subvolume_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("Name", "s", property_get, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("UUID", "s", property_get, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("ReadOnly", "b", property_get, 0, 0),
+        SD_BUS_PROPERTY("LogicalBytes", "t", property_get, 0, 0),
+        SD_BUS_PROPERTY("ExclusiveBytes", "t", property_get, 0, 0),
+        SD_BUS_PROPERTY("QuotaBytes", "t", property_get, 0, 0),
+        SD_BUS_PROPERTY("Json", "s", property_get, 0, 0),
+        SD_BUS_METHOD_WITH_ARGS("Delete", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, method_delete,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Snapshot", SD_BUS_ARGS("s", name, "s", options_json), SD_BUS_RESULT("o", path),
+                                method_snapshot, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_VTABLE_END
+};
