@@ -1,0 +1,605 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * cowbox: the client of cowboxd. Every command is one or a few calls on the
+ * bus (org.cowbox1); long work is a job that the command follows to its
+ * end, with a progress line on a terminal.
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "cleanup.h"
+#include "string-util.h"
+
+#define PROGRAM "cowbox"
+#define EXIT_USAGE 2
+/* The daemon is not there, or the bus is not. */
+#define EXIT_UNAVAILABLE 69
+
+#define _cleanup_bus_ _cleanup_(sd_bus_flush_close_unrefp)
+#define _cleanup_message_ _cleanup_(sd_bus_message_unrefp)
+#define _cleanup_bus_error_ _cleanup_(sd_bus_error_free)
+
+static bool arg_json;
+
+_printf_(1, 2)
+static int fail(const char *format, ...) {
+        va_list ap;
+
+        fputs(PROGRAM ": ", stderr);
+        va_start(ap, format);
+        vfprintf(stderr, format, ap);
+        va_end(ap);
+        fputc('\n', stderr);
+        return EXIT_FAILURE;
+}
+
+_printf_(1, 2)
+static int usage_error(const char *format, ...) {
+        va_list ap;
+
+        fputs(PROGRAM ": ", stderr);
+        va_start(ap, format);
+        vfprintf(stderr, format, ap);
+        va_end(ap);
+        fputs("; see '" PROGRAM " --help'\n", stderr);
+        return EXIT_USAGE;
+}
+
+static int bus_failure(const char *what, int r, const sd_bus_error *error) {
+        if (sd_bus_error_is_set(error)) {
+                if (sd_bus_error_has_names(error, SD_BUS_ERROR_SERVICE_UNKNOWN, SD_BUS_ERROR_NAME_HAS_NO_OWNER)) {
+                        fprintf(stderr, PROGRAM ": cowboxd is not running (start it: cowboxd --store DIR)\n");
+                        return EXIT_UNAVAILABLE;
+                }
+                return fail("%s: %s", what, error->message ? error->message : error->name);
+        }
+        return fail("%s: %s", what, strerror(-r));
+}
+
+static int connect_bus(sd_bus **ret) {
+        int r = sd_bus_open_system(ret);
+
+        if (r < 0) {
+                fprintf(stderr, PROGRAM ": cannot reach the system bus (%s); set DBUS_SYSTEM_BUS_ADDRESS to "
+                        "the bus cowboxd serves on\n", strerror(-r));
+                return EXIT_UNAVAILABLE;
+        }
+        return 0;
+}
+
+/* Calls a Manager method with the arguments in ap; ret receives the reply. */
+static int call_va(sd_bus *bus, const char *method, sd_bus_message **ret, sd_bus_error *error,
+                   const char *types, va_list ap) {
+        _cleanup_message_ sd_bus_message *m = NULL;
+        int r;
+
+        r = sd_bus_message_new_method_call(bus, &m, API_SERVICE, API_MANAGER_PATH, API_MANAGER_INTERFACE, method);
+        if (r >= 0 && types)
+                r = sd_bus_message_appendv(m, types, ap);
+        if (r < 0)
+                return r;
+        return sd_bus_call(bus, m, 0, error, ret);
+}
+
+/* Prints a JSON document from the daemon: as it is with --json, else
+ * through a printer of the command's own. */
+static int print_json_text(const char *text, void (*printer)(json_t *doc)) {
+        json_t *doc = json_loads(text, 0, NULL);
+
+        if (!doc)
+                return fail("the daemon sent malformed JSON");
+        if (arg_json || !printer) {
+                json_dumpf(doc, stdout, JSON_INDENT(2));
+                putchar('\n');
+        } else
+                printer(doc);
+        json_decref(doc);
+        return EXIT_SUCCESS;
+}
+
+static int call_json(const char *method, void (*printer)(json_t *doc), const char *types, ...) {
+        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_message_ sd_bus_message *reply = NULL;
+        _cleanup_bus_ sd_bus *bus = NULL;
+        const char *text;
+        va_list ap;
+        int r;
+
+        r = connect_bus(&bus);
+        if (r != 0)
+                return r;
+        va_start(ap, types);
+        r = call_va(bus, method, &reply, &error, types, ap);
+        va_end(ap);
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "s", &text);
+        if (r < 0)
+                return bus_failure(method, r, &error);
+        return print_json_text(text, printer);
+}
+
+/* ---- following a job ---- */
+
+typedef struct JobWait {
+        uint32_t id;
+        bool done;
+        char *result;
+        char *json;
+} JobWait;
+
+static int on_job_removed(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        JobWait *w = userdata;
+        const char *path, *result, *json;
+        uint32_t id;
+
+        if (sd_bus_message_read(m, "uoss", &id, &path, &result, &json) < 0 || id != w->id)
+                return 0;
+        w->done = true;
+        w->result = strdup(result);
+        w->json = strdup(json);
+        return 0;
+}
+
+static void show_progress(sd_bus *bus, const char *path, const char *what) {
+        uint64_t done = 0, total = 0;
+        char line[128];
+
+        if (sd_bus_get_property_trivial(bus, API_SERVICE, path, API_JOB_INTERFACE, "BytesDone", NULL, 't',
+                                        &done) < 0)
+                return;
+        (void) sd_bus_get_property_trivial(bus, API_SERVICE, path, API_JOB_INTERFACE, "BytesTotal", NULL, 't',
+                                           &total);
+        if (total > 0) {
+                unsigned pct = (unsigned) MIN(done * 100 / total, (uint64_t) 100);
+                char bar[31];
+
+                memset(bar, '#', pct * 30 / 100);
+                memset(bar + pct * 30 / 100, '.', 30 - pct * 30 / 100);
+                bar[30] = 0;
+                snprintf(line, sizeof line, "%s [%s] %3u%% %.1f MiB", what, bar, pct, (double) done / (1 << 20));
+        } else
+                snprintf(line, sizeof line, "%s %.1f MiB", what, (double) done / (1 << 20));
+        fprintf(stderr, "\r%s\033[K", line);
+}
+
+/* Starts a job with a Manager method and follows it to its end; prints
+ * its result. */
+static int run_job(const char *what, void (*printer)(json_t *doc), const char *method, const char *types, ...) {
+        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_message_ sd_bus_message *reply = NULL;
+        _cleanup_bus_ sd_bus *bus = NULL;
+        JobWait w = {};
+        bool tty = isatty(STDERR_FILENO);
+        const char *path;
+        va_list ap;
+        int r;
+
+        r = connect_bus(&bus);
+        if (r != 0)
+                return r;
+        /* Subscribe first, so that the end of a short job is not missed. */
+        r = sd_bus_match_signal(bus, NULL, API_SERVICE, API_MANAGER_PATH, API_MANAGER_INTERFACE, "JobRemoved",
+                                on_job_removed, &w);
+        if (r < 0)
+                return bus_failure(what, r, &error);
+        va_start(ap, types);
+        r = call_va(bus, method, &reply, &error, types, ap);
+        va_end(ap);
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "uo", &w.id, &path);
+        if (r < 0)
+                return bus_failure(what, r, &error);
+
+        while (!w.done) {
+                r = sd_bus_process(bus, NULL);
+                if (r < 0)
+                        return fail("%s: lost the bus: %s", what, strerror(-r));
+                if (r > 0)
+                        continue;
+                if (tty)
+                        show_progress(bus, path, what);
+                r = sd_bus_wait(bus, 200 * 1000);
+                if (r < 0)
+                        return fail("%s: lost the bus: %s", what, strerror(-r));
+        }
+        if (tty)
+                fputs("\r\033[K", stderr);
+
+        if (!streq(w.result, "done")) {
+                json_t *doc = json_loads(w.json, 0, NULL);
+                const char *text = json_string_value(json_object_get(doc, "error"));
+
+                r = fail("%s %s: %s", what, w.result, text ? text : "no reason given");
+                json_decref(doc);
+        } else
+                r = print_json_text(w.json, printer);
+        free(w.result);
+        free(w.json);
+        return r;
+}
+
+/* ---- output ---- */
+
+static const char *human_bytes(uint64_t v, char buf[static 32]) {
+        static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB" };
+        double d = (double) v;
+        unsigned u = 0;
+
+        while (d >= 1024 && u < 4) {
+                d /= 1024;
+                u++;
+        }
+        snprintf(buf, 32, u == 0 ? "%.0f %s" : "%.1f %s", d, units[u]);
+        return buf;
+}
+
+static uint64_t num(json_t *o, const char *key) {
+        json_t *v = json_object_get(o, key);
+
+        return json_is_integer(v) ? (uint64_t) json_integer_value(v) : 0;
+}
+
+static const char *str(json_t *o, const char *key) {
+        const char *s = json_string_value(json_object_get(o, key));
+
+        return s && *s ? s : "-";
+}
+
+static void print_subvolume_table(json_t *list) {
+        char a[32], b[32], c[32];
+        size_t i;
+        json_t *v;
+
+        printf("%-24s %-9s %10s %10s %10s\n", "NAME", "READ-ONLY", "LOGICAL", "STORED", "EXCLUSIVE");
+        json_array_foreach(list, i, v)
+                printf("%-24s %-9s %10s %10s %10s\n", str(v, "name"),
+                       json_is_true(json_object_get(v, "readonly")) ? "yes" : "no",
+                       human_bytes(num(v, "logical_bytes"), a), human_bytes(num(v, "referenced_bytes"), b),
+                       human_bytes(num(v, "exclusive_bytes"), c));
+}
+
+static void print_subvolume(json_t *v) {
+        char a[32];
+
+        printf("Name:           %s\n", str(v, "name"));
+        printf("UUID:           %s\n", str(v, "uuid"));
+        printf("Parent UUID:    %s\n", str(v, "parent_uuid"));
+        printf("Received UUID:  %s\n", str(v, "received_uuid"));
+        printf("Read-only:      %s\n", json_is_true(json_object_get(v, "readonly")) ? "yes" : "no");
+        printf("Logical:        %s\n", human_bytes(num(v, "logical_bytes"), a));
+        printf("Stored:         %s\n", human_bytes(num(v, "referenced_bytes"), a));
+        printf("Exclusive:      %s\n", human_bytes(num(v, "exclusive_bytes"), a));
+        printf("Inodes:         %" PRIu64 "\n", num(v, "inodes"));
+        printf("Quota:          %s\n", num(v, "quota_bytes") ? human_bytes(num(v, "quota_bytes"), a) : "none");
+}
+
+static void print_status(json_t *v) {
+        json_t *u = json_object_get(v, "usage"), *reaper = json_object_get(v, "reaper");
+        char a[32], b[32];
+
+        printf("Store:              %s\n", str(v, "store"));
+        printf("Subvolumes:         %" PRIu64 "\n", num(u, "subvolumes"));
+        printf("Logical:            %s\n", human_bytes(num(u, "logical_bytes"), a));
+        printf("Stored:             %s\n", human_bytes(num(u, "stored_bytes"), a));
+        printf("Free on disk:       %s of %s\n", human_bytes(num(u, "fs_free_bytes"), a),
+               human_bytes(num(u, "fs_total_bytes"), b));
+        printf("Reaper backlog:     %s%s\n", human_bytes(num(reaper, "backlog_bytes"), a),
+               json_is_true(json_object_get(reaper, "paused")) ? " (paused)" : "");
+        printf("Corruption events:  %" PRIu64 "\n", num(u, "corruption_events"));
+        printf("Jobs:               %zu\n", json_array_size(json_object_get(v, "jobs")));
+}
+
+static void print_received(json_t *v) {
+        size_t i;
+        json_t *name;
+
+        json_array_foreach(json_object_get(v, "images"), i, name)
+                printf("Received image '%s'.\n", json_string_value(name));
+}
+
+static void print_scrub(json_t *v) {
+        char a[32];
+        size_t i;
+        json_t *d;
+
+        printf("Checked %" PRIu64 " blocks (%s): %" PRIu64 " damaged, %" PRIu64 " files affected.\n",
+               num(v, "blocks_checked"), human_bytes(num(v, "bytes_checked"), a), num(v, "blocks_damaged"),
+               num(v, "files_damaged"));
+        json_array_foreach(json_object_get(v, "damage"), i, d)
+                printf("  %s: %s/%s (%s)\n", str(d, "digest"), str(d, "subvolume"), str(d, "path"), str(d, "reason"));
+}
+
+static void print_reap(json_t *v) {
+        char a[32];
+
+        printf("Freed %s (%" PRIu64 " blocks, %" PRIu64 " layers dropped, %" PRIu64 " folded).\n",
+               human_bytes(num(v, "bytes_freed"), a), num(v, "blocks_freed"), num(v, "layers_dropped"),
+               num(v, "layers_folded"));
+}
+
+static void print_nothing(json_t *v) {
+}
+
+/* ---- commands ---- */
+
+static int call_void(const char *method, const char *done, const char *types, ...) {
+        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_message_ sd_bus_message *reply = NULL;
+        _cleanup_bus_ sd_bus *bus = NULL;
+        va_list ap;
+        int r;
+
+        r = connect_bus(&bus);
+        if (r != 0)
+                return r;
+        va_start(ap, types);
+        r = call_va(bus, method, &reply, &error, types, ap);
+        va_end(ap);
+        if (r < 0)
+                return bus_failure(method, r, &error);
+        if (!arg_json && done)
+                puts(done);
+        return EXIT_SUCCESS;
+}
+
+static int need_args(int argc, char *argv[], int min, int max, const char *synopsis) {
+        if (argc - optind < min)
+                return usage_error("missing arguments (usage: " PROGRAM " %s)", synopsis);
+        if (argc - optind > max)
+                return usage_error("unexpected argument '%s' (usage: " PROGRAM " %s)", argv[optind + max],
+                                   synopsis);
+        return 0;
+}
+
+/* Options of a command: getopt on what follows the command's words. */
+static void reset_getopt(void) {
+        optind = 1;
+        opterr = 1;
+}
+
+static int json_options(json_t *doc, char **ret) {
+        *ret = api_json_text(doc);
+        json_decref(doc);
+        return *ret ? 0 : -ENOMEM;
+}
+
+static int verb_image_receive(int argc, char *argv[]) {
+        static const struct option options[] = { { "file", required_argument, NULL, 'f' }, {} };
+        _cleanup_free_ char *opts = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        const char *file = NULL;
+        int c, r;
+
+        reset_getopt();
+        while ((c = getopt_long(argc, argv, "f:", options, NULL)) >= 0)
+                if (c == 'f')
+                        file = optarg;
+                else
+                        return usage_error("bad option");
+        r = need_args(argc, argv, 0, 1, "image receive [-f FILE] [NAME]");
+        if (r)
+                return r;
+        if (file && !streq(file, "-")) {
+                fd = open(file, O_RDONLY | O_CLOEXEC);
+                if (fd < 0)
+                        return fail("cannot open %s: %m", file);
+        } else if (isatty(STDIN_FILENO))
+                return usage_error("standard input is a terminal; give the stream with -f FILE or a pipe");
+        if (json_options(optind < argc ? json_pack("{s:s}", "name", argv[optind]) : json_object(), &opts) < 0)
+                return fail("out of memory");
+        return run_job("receiving", print_received, "ReceiveImage", "hs", fd >= 0 ? fd : STDIN_FILENO, opts);
+}
+
+static int verb_image_send(int argc, char *argv[]) {
+        static const struct option options[] = {
+                { "parent", required_argument, NULL, 'p' },
+                { "file", required_argument, NULL, 'f' },
+                { "proto", required_argument, NULL, 'P' },
+                { "compressed-data", no_argument, NULL, 'c' },
+                { "zstd", no_argument, NULL, 'z' },
+                {}
+        };
+        _cleanup_free_ char *opts = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        const char *file = NULL, *parent = NULL;
+        bool compressed = false, zstd = false;
+        int version = 1, c, r;
+        json_t *doc;
+
+        reset_getopt();
+        while ((c = getopt_long(argc, argv, "p:f:", options, NULL)) >= 0)
+                switch (c) {
+                case 'p': parent = optarg; break;
+                case 'f': file = optarg; break;
+                case 'P':
+                        if (!streq(optarg, "1") && !streq(optarg, "2"))
+                                return usage_error("--proto takes 1 or 2");
+                        version = optarg[0] - '0';
+                        break;
+                case 'c': compressed = true; version = 2; break;
+                case 'z': zstd = true; break;
+                default: return usage_error("bad option");
+                }
+        r = need_args(argc, argv, 1, 1, "image send [-p PARENT] [-f FILE] [--proto 1|2] [--compressed-data] [--zstd] IMAGE");
+        if (r)
+                return r;
+        if (file && !streq(file, "-")) {
+                fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+                if (fd < 0)
+                        return fail("cannot create %s: %m", file);
+        } else if (isatty(STDOUT_FILENO))
+                return usage_error("standard output is a terminal; write the stream with -f FILE or into a pipe");
+        doc = json_pack("{s:i, s:b, s:b}", "version", version, "compressed_data", compressed, "zstd", zstd);
+        if (parent)
+                json_object_set_new(doc, "parent", json_string(parent));
+        if (json_options(doc, &opts) < 0)
+                return fail("out of memory");
+        /* The stream may be on standard output: say nothing there. */
+        arg_json = false;
+        return run_job("sending", print_nothing, "SendImage", "shs", argv[optind], fd >= 0 ? fd : STDOUT_FILENO,
+                       opts);
+}
+
+static int verb_snapshot(int argc, char *argv[]) {
+        static const struct option options[] = { { "read-only", no_argument, NULL, 'r' }, {} };
+        bool readonly = false;
+        int c, r;
+
+        reset_getopt();
+        while ((c = getopt_long(argc, argv, "r", options, NULL)) >= 0)
+                if (c == 'r')
+                        readonly = true;
+                else
+                        return usage_error("bad option");
+        r = need_args(argc, argv, 2, 2, "snapshot [-r] SOURCE NAME");
+        if (r)
+                return r;
+        return call_void("Snapshot", "Snapshot taken.", "sss", argv[optind], argv[optind + 1],
+                         readonly ? "{\"readonly\": true}" : "{}");
+}
+
+static int verb_simple(int argc, char *argv[], int nargs, const char *synopsis) {
+        reset_getopt();
+        if (getopt(argc, argv, "") >= 0)
+                return usage_error("'%s' takes no options", synopsis);
+        return need_args(argc, argv, nargs, nargs, synopsis);
+}
+
+static int verb_scrub(void) {
+        int r = run_job("scrubbing", print_scrub, "Scrub", "");
+        return r;
+}
+
+static void help(void) {
+        printf("Usage: " PROGRAM " [--json] COMMAND [ARGS...]\n"
+               "\n"
+               "The client of cowboxd, which owns a copy-on-write store of images and\n"
+               "subvolumes. It talks to cowboxd on the system bus (or the bus that\n"
+               "$DBUS_SYSTEM_BUS_ADDRESS names). Changes need root or the group '" API_GROUP "'.\n"
+               "\n"
+               "Images (read-only subvolumes, from btrfs send streams):\n"
+               "  image receive [-f FILE] [NAME]    receive a stream (file or standard input)\n"
+               "  image send [-p PARENT] [-f FILE] [--proto 1|2] [--compressed-data] [--zstd] IMAGE\n"
+               "                                    write a stream (file or standard output)\n"
+               "  image list                        list the images\n"
+               "  image show NAME                   show one image\n"
+               "  image rename NAME NEW-NAME        rename an image\n"
+               "  image rm NAME                     remove an image (the reaper frees it)\n"
+               "\n"
+               "Subvolumes:\n"
+               "  list                              list every subvolume\n"
+               "  show NAME                         show one\n"
+               "  snapshot [-r] SOURCE NAME         snapshot SOURCE (read-only with -r)\n"
+               "  rm NAME                           delete a subvolume (the reaper frees it)\n"
+               "\n"
+               "The store:\n"
+               "  status                            space, reaper backlog, corruption, jobs\n"
+               "  scrub                             verify every block (exit status 1 if damaged)\n"
+               "  reap                              free what deleted subvolumes held, now\n"
+               "  jobs                              list running jobs\n"
+               "  cancel ID                         cancel a job\n"
+               "\n"
+               "Options:\n"
+               "  --json      print results as JSON (the daemon's documents, as they are)\n"
+               "  --help      show this help\n"
+               "  --version   show the version\n"
+               "\n"
+               "Long work (receive, send, scrub, reap) shows its progress on a terminal.\n"
+               "\n"
+               "Exit status: 0 done; 1 failed (the message says why); 2 bad usage;\n"
+               "69 cowboxd or the bus cannot be reached.\n"
+               "\n"
+               "Examples:\n"
+               "  btrfs send /mnt/images/base | " PROGRAM " image receive\n"
+               "  " PROGRAM " snapshot base patch-1234 && ... && " PROGRAM " rm patch-1234\n"
+               "  " PROGRAM " --json status\n");
+}
+
+static int dispatch(int argc, char *argv[]) {
+        const char *noun = argv[0];
+
+        if (streq(noun, "image")) {
+                const char *verb = argc > 1 ? argv[1] : "";
+
+                argc--, argv++;
+                if (streq(verb, "receive"))
+                        return verb_image_receive(argc, argv);
+                if (streq(verb, "send"))
+                        return verb_image_send(argc, argv);
+                if (streq(verb, "list"))
+                        return verb_simple(argc, argv, 0, "image list") ?: call_json("ListImages",
+                                                                                     print_subvolume_table, NULL);
+                if (streq(verb, "show"))
+                        return verb_simple(argc, argv, 1, "image show NAME") ?:
+                               call_json("GetSubvolume", print_subvolume, "s", argv[1]);
+                if (streq(verb, "rm"))
+                        return verb_simple(argc, argv, 1, "image rm NAME") ?:
+                               call_void("RemoveImage", "Image removed.", "s", argv[1]);
+                if (streq(verb, "rename"))
+                        return verb_simple(argc, argv, 2, "image rename NAME NEW-NAME") ?:
+                               call_void("Rename", "Image renamed.", "ss", argv[1], argv[2]);
+                return usage_error("unknown image command '%s'", verb);
+        }
+        if (streq(noun, "list"))
+                return verb_simple(argc, argv, 0, "list") ?: call_json("ListSubvolumes", print_subvolume_table, NULL);
+        if (streq(noun, "show"))
+                return verb_simple(argc, argv, 1, "show NAME") ?:
+                       call_json("GetSubvolume", print_subvolume, "s", argv[1]);
+        if (streq(noun, "snapshot"))
+                return verb_snapshot(argc, argv);
+        if (streq(noun, "rm"))
+                return verb_simple(argc, argv, 1, "rm NAME") ?:
+                       call_void("DeleteSubvolume", "Subvolume deleted.", "s", argv[1]);
+        if (streq(noun, "status"))
+                return verb_simple(argc, argv, 0, "status") ?: call_json("GetStatus", print_status, NULL);
+        if (streq(noun, "jobs"))
+                return verb_simple(argc, argv, 0, "jobs") ?: call_json("ListJobs", NULL, NULL);
+        if (streq(noun, "scrub"))
+                return verb_simple(argc, argv, 0, "scrub") ?: verb_scrub();
+        if (streq(noun, "reap"))
+                return verb_simple(argc, argv, 0, "reap") ?: run_job("reaping", print_reap, "Reap", "");
+        if (streq(noun, "cancel")) {
+                char *end = NULL;
+                unsigned long id;
+
+                if (verb_simple(argc, argv, 1, "cancel ID"))
+                        return EXIT_USAGE;
+                id = strtoul(argv[1], &end, 10);
+                if (!end || *end || id == 0 || id > UINT32_MAX)
+                        return usage_error("'%s' is not a job id", argv[1]);
+                return call_void("CancelJob", "Job cancelled.", "u", (uint32_t) id);
+        }
+        return usage_error("unknown command '%s'", noun);
+}
+
+int main(int argc, char *argv[]) {
+        int i;
+
+        /* Global options come before the command. */
+        for (i = 1; i < argc && argv[i][0] == '-'; i++) {
+                if (streq(argv[i], "--json"))
+                        arg_json = true;
+                else if (streq(argv[i], "--help") || streq(argv[i], "-h")) {
+                        help();
+                        return EXIT_SUCCESS;
+                } else if (streq(argv[i], "--version")) {
+                        puts(PROGRAM " " COWBOX_VERSION);
+                        return EXIT_SUCCESS;
+                } else
+                        return usage_error("unknown option '%s'", argv[i]);
+        }
+        if (i >= argc)
+                return usage_error("no command given");
+        return dispatch(argc - i, argv + i);
+}
