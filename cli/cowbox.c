@@ -62,6 +62,10 @@ static int bus_failure(const char *what, int r, const sd_bus_error *error) {
                         fprintf(stderr, PROGRAM ": cowboxd is not running (start it: cowboxd --store DIR)\n");
                         return EXIT_UNAVAILABLE;
                 }
+                /* The bus policy refused the call before cowboxd saw it. */
+                if (sd_bus_error_has_name(error, SD_BUS_ERROR_ACCESS_DENIED))
+                        return fail("%s: access denied: only root and members of the group '" API_GROUP "' may "
+                                    "change the store", what);
                 return fail("%s: %s", what, error->message ? error->message : error->name);
         }
         return fail("%s: %s", what, strerror(-r));
@@ -134,6 +138,7 @@ static int call_json(const char *method, void (*printer)(json_t *doc), const cha
 typedef struct JobWait {
         uint32_t id;
         bool done;
+        bool daemon_gone;
         char *result;
         char *json;
 } JobWait;
@@ -148,6 +153,16 @@ static int on_job_removed(sd_bus_message *m, void *userdata, sd_bus_error *error
         w->done = true;
         w->result = strdup(result);
         w->json = strdup(json);
+        return 0;
+}
+
+static int on_owner_changed(sd_bus_message *m, void *userdata, sd_bus_error *error) {
+        JobWait *w = userdata;
+        const char *name, *old_owner, *new_owner;
+
+        if (sd_bus_message_read(m, "sss", &name, &old_owner, &new_owner) >= 0 && streq(name, API_SERVICE) &&
+            !*new_owner)
+                w->daemon_gone = true;
         return 0;
 }
 
@@ -191,6 +206,9 @@ static int run_job(const char *what, void (*printer)(json_t *doc), const char *m
         /* Subscribe first, so that the end of a short job is not missed. */
         r = sd_bus_match_signal(bus, NULL, API_SERVICE, API_MANAGER_PATH, API_MANAGER_INTERFACE, "JobRemoved",
                                 on_job_removed, &w);
+        if (r >= 0)
+                r = sd_bus_add_match(bus, NULL, "type='signal',sender='org.freedesktop.DBus',"
+                                     "member='NameOwnerChanged',arg0='" API_SERVICE "'", on_owner_changed, &w);
         if (r < 0)
                 return bus_failure(what, r, &error);
         va_start(ap, types);
@@ -202,6 +220,12 @@ static int run_job(const char *what, void (*printer)(json_t *doc), const char *m
                 return bus_failure(what, r, &error);
 
         while (!w.done) {
+                if (w.daemon_gone) {
+                        if (tty)
+                                fputs("\r\033[K", stderr);
+                        return fail("%s: cowboxd exited before the job ended; see 'cowbox status' once it is "
+                                    "back", what);
+                }
                 r = sd_bus_process(bus, NULL);
                 if (r < 0)
                         return fail("%s: lost the bus: %s", what, strerror(-r));

@@ -15,6 +15,7 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
@@ -856,6 +857,29 @@ finish:
         return r;
 }
 
+/* Whether pid is a live process: a zombie whose parent died before it
+ * reaped it is not. */
+static bool process_alive(pid_t pid) {
+        char path[64], buf[256];
+        const char *state;
+        ssize_t n;
+        int fd;
+
+        if (kill(pid, 0) < 0 && errno == ESRCH)
+                return false;
+        snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errno != ENOENT;
+        n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n <= 0)
+                return true;
+        buf[n] = 0;
+        state = strrchr(buf, ')');
+        return !(state && state[1] == ' ' && (state[2] == 'Z' || state[2] == 'X'));
+}
+
 int image_remove_stale_receives(Store *s) {
         StoreSubvolumeInfo *infos = NULL;
         size_t n = 0;
@@ -870,7 +894,7 @@ int image_remove_stale_receives(Store *s) {
                 if (!startswith(infos[i].name, IMAGE_RECEIVING_PREFIX) || infos[i].mounted_by != 0)
                         continue;
                 pid = strtol(infos[i].name + strlen(IMAGE_RECEIVING_PREFIX), NULL, 10);
-                if (pid > 0 && (kill((pid_t) pid, 0) >= 0 || errno != ESRCH))
+                if (pid > 0 && process_alive((pid_t) pid))
                         continue;
                 if (store_subvolume_delete(s, infos[i].name, NULL) >= 0)
                         removed++;

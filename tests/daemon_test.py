@@ -1,0 +1,202 @@
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""A private system bus (dbus-daemon) and cowboxd on it, for the tests of
+the daemon: both are started in the test's temporary directory and stopped
+at the end, whatever happens."""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+
+import cowbox_test as t
+
+BUS_CONFIG = '''<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:path={socket}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <deny own="*"/>
+    <deny send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_requested_reply="true" send_type="method_return"/>
+    <allow send_requested_reply="true" send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+    <allow receive_type="signal"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Introspectable"/>
+    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Properties"/>
+  </policy>
+  {policy}
+</busconfig>
+'''
+
+# A bus that lets everyone call everything: what cowboxd checks itself.
+OPEN_POLICY = '''<policy context="default">
+    <allow own="*"/>
+    <allow send_destination="*"/>
+  </policy>'''
+
+
+def daemon_exe():
+    return os.path.join(os.environ.get('COWBOX_BUILD_ROOT', 'build'), 'daemon', 'cowboxd')
+
+
+def client_exe():
+    return os.path.join(os.environ.get('COWBOX_BUILD_ROOT', 'build'), 'cli', 'cowbox')
+
+
+def require_dbus():
+    t.require_root('a private system bus and a daemon that owns a store')
+    for p in ('dbus-daemon', 'busctl', 'gdbus', 'dbus-send'):
+        t.require_program(p)
+
+
+class Bus:
+    """A private dbus-daemon of type system; policy 'contrib' includes the
+    project's bus policy, 'open' lets everyone call everything."""
+
+    def __init__(self, store, policy='contrib'):
+        self.dir = store.new_dir('bus')
+        self.socket = os.path.join(self.dir, 'socket')
+        if policy == 'contrib':
+            text = f'<include>{os.path.join(t.source_root(), "contrib", "org.cowbox1.conf")}</include>'
+        else:
+            text = OPEN_POLICY
+        self.config = os.path.join(self.dir, 'bus.conf')
+        with open(self.config, 'w') as f:
+            f.write(BUS_CONFIG.format(socket=self.socket, policy=text))
+        self.proc = subprocess.Popen(['dbus-daemon', '--config-file', self.config, '--nofork', '--nopidfile'],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(100):
+            if os.path.exists(self.socket):
+                break
+            time.sleep(0.05)
+        else:
+            t.fail('dbus-daemon did not start: ' + self.proc.stderr.read().decode())
+        os.chmod(self.dir, 0o755)
+        self.address = f'unix:path={self.socket}'
+        self.env = {'DBUS_SYSTEM_BUS_ADDRESS': self.address}
+
+    def stop(self):
+        self.proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+
+class Daemon:
+    def __init__(self, store, bus):
+        self.store = store
+        self.bus = bus
+        self.proc = None
+        self.log = os.path.join(store.tmp, 'cowboxd.log')
+
+    def start(self):
+        env = dict(os.environ, **self.bus.env)
+        self.proc = subprocess.Popen([daemon_exe(), '--store', self.store.path], env=env,
+                                     stdout=open(self.log, 'a'), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            r = subprocess.run(['busctl', '--system', 'status', 'org.cowbox1'], env=env, capture_output=True)
+            if r.returncode == 0:
+                return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        t.fail(f'cowboxd did not take its bus name:\n{open(self.log).read()}')
+
+    def kill(self, sig=signal.SIGKILL):
+        self.proc.send_signal(sig)
+        self.proc.wait(30)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextlib.contextmanager
+def bus_and_daemon(store, policy='contrib'):
+    bus = Bus(store, policy)
+    daemon = Daemon(store, bus)
+    try:
+        daemon.start()
+        yield bus, daemon
+    finally:
+        daemon.stop()
+        bus.stop()
+
+
+def run(bus, argv, expect=0, user=None, timeout=120, stdin=None):
+    """Runs a bus client against the private bus, as root or as user (a
+    (uid, gid, groups) tuple)."""
+    if user:
+        uid, gid, groups = user
+        argv = ['setpriv', f'--reuid={uid}', f'--regid={gid}',
+                f'--groups={",".join(map(str, groups))}' if groups else '--clear-groups'] + list(argv)
+    env = dict(os.environ, **bus.env)
+    p = subprocess.run([str(a) for a in argv], env=env, capture_output=True, text=True, timeout=timeout,
+                       stdin=stdin)
+    r = t.Result([str(a) for a in argv], p.returncode, p.stdout, p.stderr, 0)
+    if expect is not None and expect != 'fail' and p.returncode != expect:
+        t.fail(f'expected exit status {expect}:\n{r.describe()}')
+    if expect == 'fail' and p.returncode == 0:
+        t.fail(f'expected a failure:\n{r.describe()}')
+    return r
+
+
+def gdbus_call(bus, method, *args, expect=0, user=None, path='/org/cowbox1', interface='org.cowbox1.Manager'):
+    return run(bus, ['gdbus', 'call', '--system', '--dest', 'org.cowbox1', '--object-path', path,
+                     '--method', f'{interface}.{method}'] + list(args), expect=expect, user=user)
+
+
+def gdbus_json(bus, method, *args):
+    """Calls a method that returns one JSON string and decodes it."""
+    out = gdbus_call(bus, method, *args).out.strip()
+    m = re.match(r"^\('(.*)',\)$", out, re.S)
+    if not m:
+        t.fail(f'{method}: not a string result: {out}')
+    return json.loads(m.group(1).encode().decode('unicode_escape'))
+
+
+def error_name(result):
+    m = re.search(r'GDBus\.Error:([\w.]+)', result.err)
+    return m.group(1) if m else None
+
+
+def cowbox(bus, *args, expect=0, user=None, stdin=None):
+    return run(bus, [client_exe()] + list(args), expect=expect, user=user, stdin=stdin)
+
+
+def names(bus):
+    return sorted(s['name'] for s in json.loads(cowbox(bus, '--json', 'list').out))
+
+
+def ensure_user(name, groups=()):
+    """A real unprivileged user (created if missing): (uid, gid, [gids])."""
+    import grp
+    import pwd
+    for g in groups:
+        try:
+            grp.getgrnam(g)
+        except KeyError:
+            subprocess.run(['groupadd', '--system', g], check=True, capture_output=True)
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(['useradd', '--system', '--no-create-home', '--shell', '/usr/sbin/nologin', name],
+                       check=True, capture_output=True)
+        pw = pwd.getpwnam(name)
+    gids = [grp.getgrnam(g).gr_gid for g in groups]
+    return pw.pw_uid, pw.pw_gid, gids

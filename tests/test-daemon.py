@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""cowboxd on a private system bus, through standard clients (busctl, gdbus,
+dbus-send) and the cowbox client: every kind of call (a property, a
+listing, a change, a job with its signals, an object of a subvolume), bad
+arguments answered with an error name and a sentence and nothing changed,
+a job cancelled, kill -9 of the daemon in the middle of a receive and a
+restart that finds the truth and leaks nothing, and access: an
+unprivileged user may list and inspect but is refused every change, by the
+bus policy and by the daemon itself; a member of the cowbox group may
+change things."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cowbox_test as t  # noqa: E402
+import daemon_test as d  # noqa: E402
+
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fuzz-corpus')
+
+
+def check_standard_clients(bus, store):
+    r = d.run(bus, ['busctl', '--system', 'introspect', 'org.cowbox1', '/org/cowbox1'])
+    for member in ('.ReceiveImage', '.Snapshot', '.GetStatus', '.JobRemoved', '.Store'):
+        t.check(member in r.out, f'busctl introspect lists {member}:\n{r.out}')
+    r = d.run(bus, ['busctl', '--system', 'get-property', 'org.cowbox1', '/org/cowbox1', 'org.cowbox1.Manager',
+                    'Store'])
+    t.check(store.path in r.out, f'the Store property names the store:\n{r.out}')
+    t.check_equal(d.gdbus_json(bus, 'ListImages'), [], 'ListImages of an empty store')
+    r = d.run(bus, ['dbus-send', '--system', '--print-reply', '--dest=org.cowbox1', '/org/cowbox1',
+                    'org.cowbox1.Manager.GetStatus'])
+    t.check('"reaper"' in r.out and '"usage"' in r.out, f'dbus-send GetStatus:\n{r.out}')
+
+
+def check_jobs_and_objects(bus, store):
+    # Signals, watched the way any client would.
+    monitor_log = os.path.join(store.tmp, 'signals')
+    monitor = subprocess.Popen(['dbus-monitor', '--system', "type='signal',sender='org.cowbox1'"],
+                               env=dict(os.environ, **bus.env), stdout=open(monitor_log, 'w'),
+                               stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    try:
+        # A job by busctl, with a path the daemon reads.
+        r = d.run(bus, ['busctl', '--system', 'call', 'org.cowbox1', '/org/cowbox1', 'org.cowbox1.Manager',
+                        'ReceiveImageFromPath', 'ss', os.path.join(CORPUS, 'btrfs-v1-full'), '{"name": "base"}'])
+        t.check(r.out.startswith('uo '), f'ReceiveImageFromPath returns a job:\n{r.out}')
+        deadline = time.monotonic() + 30
+        while 'base' not in d.names(bus) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        t.check_equal(d.names(bus), ['base'], 'subvolumes after the receive job')
+        # The increment, through the cowbox client and a file descriptor.
+        d.cowbox(bus, 'image', 'receive', '-f', os.path.join(CORPUS, 'btrfs-v1-incremental'), 'base-v2')
+        t.check_equal(d.names(bus), ['base', 'base-v2'], 'subvolumes after the increment')
+
+        # A subvolume's object: properties and methods.
+        r = d.gdbus_call(bus, 'Snapshot', 'base', 'task', '{}')
+        t.check('/org/cowbox1/subvolume/task' in r.out, f'Snapshot returns the object path:\n{r.out}')
+        r = d.run(bus, ['busctl', '--system', 'get-property', 'org.cowbox1', '/org/cowbox1/subvolume/task',
+                        'org.cowbox1.Subvolume', 'ReadOnly'])
+        t.check_equal(r.out.strip(), 'b false', 'ReadOnly of a writable snapshot')
+        r = d.gdbus_call(bus, 'Snapshot', 'snap-of-task', '{"readonly": true}', path='/org/cowbox1/subvolume/task',
+                         interface='org.cowbox1.Subvolume')
+        t.check(d.gdbus_json(bus, 'GetSubvolume', 'snap-of-task')['readonly'], 'snapshot through the object')
+        path = re.search(r"'(/org/cowbox1/subvolume/[^']+)'", r.out).group(1)
+        t.check_equal(path, '/org/cowbox1/subvolume/snap_2dof_2dtask', 'the escaped object path of a name')
+        d.gdbus_call(bus, 'Delete', path=path, interface='org.cowbox1.Subvolume')
+
+        # Send, scrub and reap jobs through the client.
+        out = os.path.join(store.tmp, 'sent.stream')
+        d.cowbox(bus, 'image', 'send', '-f', out, 'base')
+        t.check(os.path.getsize(out) > 100000, 'the stream cowboxd sent')
+        r = d.cowbox(bus, '--json', 'scrub')
+        t.check_equal(json.loads(r.out)['blocks_damaged'], 0, 'damaged blocks after scrub')
+        d.cowbox(bus, 'reap')
+        time.sleep(0.5)
+    finally:
+        monitor.terminate()
+        monitor.wait()
+    log = open(monitor_log).read()
+    for signal_name in ('JobNew', 'JobRemoved', 'SubvolumeNew', 'SubvolumeRemoved', 'PropertiesChanged'):
+        if signal_name == 'PropertiesChanged':
+            continue  # sent only while a job runs long enough
+        t.check(f'member={signal_name}' in log, f'signal {signal_name} was seen:\n{log[-3000:]}')
+
+
+def check_bad_arguments(bus, store):
+    before = d.names(bus)
+    cases = [
+        ('Snapshot', ['base', 'x', '{not json'], 'org.cowbox1.Error.InvalidJSON'),
+        ('Snapshot', ['base', 'x', '[1, 2]'], 'org.cowbox1.Error.InvalidJSON'),
+        ('Snapshot', ['base', 'x', '{"readonly": "yes"}'], 'org.cowbox1.Error.InvalidJSON'),
+        ('Snapshot', ['base', 'x', '{"frobnicate": true}'], 'org.cowbox1.Error.InvalidJSON'),
+        ('Snapshot', ['base', 'x', '{"readonly": true, "readonly": false}'], 'org.cowbox1.Error.InvalidJSON'),
+        ('Snapshot', ['nope', 'x', '{}'], 'org.cowbox1.Error.NoSuchSubvolume'),
+        ('Snapshot', ['base', '../escape', '{}'], 'org.cowbox1.Error.InvalidName'),
+        ('Snapshot', ['base', '', '{}'], 'org.cowbox1.Error.InvalidName'),
+        ('Snapshot', ['base', 'a/b', '{}'], 'org.cowbox1.Error.InvalidName'),
+        ('Snapshot', ['base', 'x' * 300, '{}'], 'org.cowbox1.Error.InvalidName'),
+        ('Snapshot', ['base', 'base-v2', '{}'], 'org.cowbox1.Error.NameTaken'),
+        ('Snapshot', ['base', '.receiving-1-1', '{}'], 'org.cowbox1.Error.InvalidName'),
+        ('CreateSubvolume', ['base'], 'org.cowbox1.Error.NameTaken'),
+        ('DeleteSubvolume', ['nope'], 'org.cowbox1.Error.NoSuchSubvolume'),
+        ('RemoveImage', ['task'], 'org.cowbox1.Error.NotReadOnly'),
+        ('RemoveImage', ['nope'], 'org.cowbox1.Error.NoSuchImage'),
+        ('Rename', ['base', 'base-v2'], 'org.cowbox1.Error.NameTaken'),
+        ('SetQuota', ['task', '18446744073709551615'], 'org.freedesktop.DBus.Error.InvalidArgs'),
+        ('GetSubvolume', ['nope'], 'org.cowbox1.Error.NoSuchSubvolume'),
+        ('ReceiveImageFromPath', ['relative/path', '{}'], 'org.freedesktop.DBus.Error.InvalidArgs'),
+        ('ReceiveImageFromPath', ['/nonexistent/stream', '{}'], None),
+        ('ReceiveImageFromPath', ['/etc', '{}'], 'org.freedesktop.DBus.Error.InvalidArgs'),
+        ('CancelJob', ['4242'], 'org.cowbox1.Error.NoSuchJob'),
+        ('Snapshot', ['base'], 'org.freedesktop.DBus.Error.InvalidArgs'),   # a missing argument
+        ('SetReadOnly', ['task', 'notabool'], None),                        # a wrong type
+    ]
+    for method, args, want in cases:
+        r = d.gdbus_call(bus, method, *args, expect='fail')
+        got = d.error_name(r)
+        if want and got != want:
+            t.fail(f'{method}{tuple(args)}: error {got}, expected {want}:\n{r.err}')
+        t.check(len(r.err.strip()) > 20, f'{method}{tuple(args)} says why:\n{r.err}')
+    t.check_equal(d.names(bus), before, 'subvolumes after the bad calls')
+
+
+def check_cancel_and_crash(bus, daemon, store):
+    before = d.names(bus)
+    # A receive that waits on a pipe nobody writes the end of.
+    read_end, write_end = os.pipe()
+    stream = open(os.path.join(CORPUS, 'btrfs-v1-full'), 'rb').read()
+    os.write(write_end, stream[:4096])
+    client = subprocess.Popen([d.client_exe(), 'image', 'receive', 'stuck'], stdin=read_end,
+                              env=dict(os.environ, **bus.env), stderr=subprocess.PIPE, text=True)
+    os.close(read_end)
+    deadline = time.monotonic() + 20
+    jobs = []
+    while not jobs and time.monotonic() < deadline:
+        jobs = json.loads(d.cowbox(bus, 'jobs').out)
+        time.sleep(0.1)
+    t.check(jobs, 'the receive shows as a job')
+    d.cowbox(bus, 'cancel', str(jobs[0]['id']))
+    _, err = client.communicate(timeout=30)
+    t.check(client.returncode == 1 and 'cancelled' in err,
+            f'the client of a cancelled receive: exit status {client.returncode}: {err}')
+    os.close(write_end)
+    time.sleep(0.5)
+    t.check_equal(d.names(bus), before, 'subvolumes after a cancelled receive')
+
+    # kill -9 of the daemon while a receive is under way.
+    read_end, write_end = os.pipe()
+    os.write(write_end, stream[:8192])
+    client = subprocess.Popen([d.client_exe(), 'image', 'receive', 'half'], stdin=read_end,
+                              env=dict(os.environ, **bus.env), stderr=subprocess.DEVNULL)
+    os.close(read_end)
+    time.sleep(1.5)
+    daemon.kill(signal.SIGKILL)
+    client.wait(30)
+    os.close(write_end)
+    daemon.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        all_names = [s['name'] for s in store.list()]
+        if not any(n.startswith('.receiving-') for n in all_names):
+            break
+        time.sleep(0.2)
+    t.check_equal(sorted(s['name'] for s in store.list()), before,
+                  'subvolumes (with temporary ones) after kill -9 during a receive and a restart')
+    t.check_equal(d.names(bus), before, 'what the restarted daemon reports')
+
+
+def check_access(bus_contrib, store):
+    nobody = d.ensure_user('cowbox-test-user')
+    member = d.ensure_user('cowbox-test-member', groups=['cowbox'])
+    # Anyone may look.
+    d.gdbus_call(bus_contrib, 'ListImages', user=nobody)
+    d.gdbus_call(bus_contrib, 'GetStatus', user=nobody)
+    # Nobody else may change anything: the bus policy refuses.
+    for method, args in (('CreateSubvolume', ['x']), ('Snapshot', ['base', 'x', '{}']),
+                         ('DeleteSubvolume', ['task']), ('Scrub', []), ('Reap', []),
+                         ('SetQuota', ['task', '1']), ('RemoveImage', ['base'])):
+        r = d.gdbus_call(bus_contrib, method, *args, expect='fail', user=nobody)
+        t.check('AccessDenied' in r.err, f'{method} as an unprivileged user:\n{r.err}')
+    r = d.cowbox(bus_contrib, 'rm', 'task', expect=1, user=nobody)
+    t.check('denied' in r.err.lower() or 'access' in r.err.lower(), f'cowbox rm as another user:\n{r.err}')
+    # A member of the group may.
+    d.gdbus_call(bus_contrib, 'Snapshot', 'base', 'by-member', '{}', user=member)
+    d.gdbus_call(bus_contrib, 'DeleteSubvolume', 'by-member', user=member)
+    return nobody
+
+
+def check_daemon_refuses(store, nobody):
+    """With a bus that lets everyone call everything, cowboxd refuses on
+    its own."""
+    with d.bus_and_daemon(store, policy='open') as (bus, daemon):
+        for method, args in (('CreateSubvolume', ['x']), ('Snapshot', ['base', 'x', '{}']),
+                             ('DeleteSubvolume', ['task']), ('Scrub', [])):
+            r = d.gdbus_call(bus, method, *args, expect='fail', user=nobody)
+            t.check_equal(d.error_name(r), 'org.cowbox1.Error.AccessDenied', f'{method} refused by cowboxd')
+        t.check('x' not in d.names(bus), 'nothing was created by the refused calls')
+
+
+def run():
+    d.require_dbus()
+    t.require_program('setpriv')
+    with t.Store('daemon') as store:
+        usage_before = store.usage()
+        with d.bus_and_daemon(store) as (bus, daemon):
+            check_standard_clients(bus, store)
+            check_jobs_and_objects(bus, store)
+            check_bad_arguments(bus, store)
+            check_cancel_and_crash(bus, daemon, store)
+            nobody = check_access(bus, store)
+        check_daemon_refuses(store, nobody)
+
+        # Everything goes; the reaper gives the space back.
+        with d.bus_and_daemon(store) as (bus, daemon):
+            for name in d.names(bus):
+                d.cowbox(bus, 'rm', name)
+            d.cowbox(bus, 'reap')
+            deadline = time.monotonic() + 30
+            while store.usage()['reclaimable_bytes'] > 0 and time.monotonic() < deadline:
+                d.cowbox(bus, 'reap')
+                time.sleep(0.5)
+        after = store.usage()
+        t.check_equal(after['reclaimable_bytes'], 0, 'reclaimable bytes at the end')
+        t.check_equal(after['logical_bytes'], usage_before['logical_bytes'], 'logical bytes at the end')
+        t.check_equal(after['data_bytes'], usage_before['data_bytes'], 'data bytes at the end')
+        store.fsck()
+
+
+if __name__ == '__main__':
+    t.main(run)
