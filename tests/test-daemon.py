@@ -173,6 +173,28 @@ def check_cancel_and_crash(bus, daemon, store):
     t.check_equal(d.names(bus), before, 'what the restarted daemon reports')
 
 
+def check_crash_while_reaping(bus, daemon, store):
+    """kill -9 of the daemon while its reaper job runs: after a restart the
+    space still comes back and the store checks out."""
+    before = d.names(bus)
+    for i in range(4):
+        d.cowbox(bus, 'image', 'receive', '-f', os.path.join(CORPUS, 'btrfs-v1-full'), f'doomed{i}')
+    store.run('reap', '--pause')
+    for i in range(4):
+        d.cowbox(bus, 'image', 'rm', f'doomed{i}')
+    t.check(store.usage()['reclaimable_bytes'] > 0, 'space waits for the paused reaper')
+    store.run('reap', '--resume')
+    d.gdbus_call(bus, 'Reap')
+    daemon.kill(signal.SIGKILL)
+    daemon.start()
+    deadline = time.monotonic() + 30
+    while store.usage()['reclaimable_bytes'] > 0 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    t.check_equal(store.usage()['reclaimable_bytes'], 0, 'reclaimable bytes after kill -9 during a reap')
+    t.check_equal(d.names(bus), before, 'subvolumes after kill -9 during a reap')
+    store.fsck()
+
+
 def check_access(bus_contrib, store):
     nobody = d.ensure_user('cowbox-test-user')
     member = d.ensure_user('cowbox-test-member', groups=['cowbox'])
@@ -214,6 +236,7 @@ def run():
             check_jobs_and_objects(bus, store)
             check_bad_arguments(bus, store)
             check_cancel_and_crash(bus, daemon, store)
+            check_crash_while_reaping(bus, daemon, store)
             nobody = check_access(bus, store)
         check_daemon_refuses(store, nobody)
 
