@@ -44,6 +44,8 @@
 #define API_ERROR_TOO_MANY_JOBS      "org.cowbox1.Error.TooManyJobs"
 #define API_ERROR_ACCESS_DENIED      "org.cowbox1.Error.AccessDenied"
 #define API_ERROR_JOB_FAILED         "org.cowbox1.Error.JobFailed"
+#define API_ERROR_NO_SUCH_WORKSPACE  "org.cowbox1.Error.NoSuchWorkspace"
+#define API_ERROR_NO_SUCH_CHECKPOINT "org.cowbox1.Error.NoSuchCheckpoint"
 
 extern const sd_bus_error_map api_error_map[];
 

@@ -355,6 +355,49 @@ static void print_reap(json_t *v) {
 static void print_nothing(json_t *v) {
 }
 
+static void print_workspace(json_t *v) {
+        char a[32];
+
+        printf("Name:        %s\n", str(v, "name"));
+        printf("State:       %s%s%s\n", str(v, "state"), json_is_true(json_object_get(v, "full")) ? ", full" : "",
+               json_is_true(json_object_get(v, "warning")) && !json_is_true(json_object_get(v, "full"))
+                       ? ", near its limit" : "");
+        printf("Path:        %s\n", str(v, "path"));
+        printf("Owner:       %s (%" PRIu64 ")\n", str(v, "owner_name"), num(v, "owner"));
+        printf("Image:       %s\n", str(v, "image"));
+        printf("Logical:     %s\n", human_bytes(num(v, "logical_bytes"), a));
+        printf("Stored:      %s\n", human_bytes(num(v, "stored_bytes"), a));
+        printf("Exclusive:   %s\n", human_bytes(num(v, "exclusive_bytes"), a));
+        printf("Limit:       %s\n", num(v, "limit_bytes") ? human_bytes(num(v, "limit_bytes"), a) : "none");
+}
+
+static void print_workspace_table(json_t *list) {
+        char a[32], b[32];
+        size_t i;
+        json_t *v;
+
+        printf("%-20s %-10s %-12s %10s %10s  %s\n", "NAME", "STATE", "OWNER", "LOGICAL", "LIMIT", "PATH");
+        json_array_foreach(list, i, v)
+                printf("%-20s %-10s %-12s %10s %10s  %s\n", str(v, "name"), str(v, "state"), str(v, "owner_name"),
+                       human_bytes(num(v, "logical_bytes"), a),
+                       num(v, "limit_bytes") ? human_bytes(num(v, "limit_bytes"), b) : "none", str(v, "path"));
+}
+
+static void print_checkpoints(json_t *list) {
+        char a[32];
+        size_t i;
+        json_t *v;
+
+        printf("%-24s %-20s %10s\n", "LABEL", "CREATED", "EXCLUSIVE");
+        json_array_foreach(list, i, v) {
+                time_t t = (time_t) (num(v, "created_usec") / 1000000);
+                char when[32];
+
+                strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
+                printf("%-24s %-20s %10s\n", str(v, "label"), when, human_bytes(num(v, "exclusive_bytes"), a));
+        }
+}
+
 /* ---- commands ---- */
 
 static int call_void(const char *method, const char *done, const char *types, ...) {
@@ -500,6 +543,127 @@ static int verb_simple(int argc, char *argv[], int nargs, const char *synopsis) 
         return need_args(argc, argv, nargs, nargs, synopsis);
 }
 
+/* SIZE: bytes with an optional K, M, G or T (binary), or "none". */
+static int parse_size(const char *text, uint64_t *ret) {
+        char *end = NULL;
+        unsigned long long v;
+        unsigned shift = 0;
+
+        if (streq(text, "none")) {
+                *ret = 0;
+                return 0;
+        }
+        errno = 0;
+        v = strtoull(text, &end, 10);
+        if (errno || end == text)
+                return -EINVAL;
+        switch (*end) {
+        case 'K': case 'k': shift = 10; end++; break;
+        case 'M': case 'm': shift = 20; end++; break;
+        case 'G': case 'g': shift = 30; end++; break;
+        case 'T': case 't': shift = 40; end++; break;
+        }
+        if (*end == 'i' && end[1] == 'B')
+                end += 2;
+        if (*end || v > (UINT64_C(1) << 62) >> shift)
+                return -EINVAL;
+        *ret = (uint64_t) v << shift;
+        return 0;
+}
+
+static int verb_workspace_create(int argc, char *argv[]) {
+        static const struct option options[] = {
+                { "image", required_argument, NULL, 'i' },
+                { "owner", required_argument, NULL, 'o' },
+                { "limit", required_argument, NULL, 'l' },
+                { "path", required_argument, NULL, 'p' },
+                {}
+        };
+        _cleanup_free_ char *opts = NULL;
+        json_t *doc = json_object();
+        uint64_t limit;
+        int c, r;
+
+        reset_getopt();
+        while ((c = getopt_long(argc, argv, "", options, NULL)) >= 0)
+                switch (c) {
+                case 'i': json_object_set_new(doc, "image", json_string(optarg)); break;
+                case 'o': json_object_set_new(doc, "owner", json_string(optarg)); break;
+                case 'p': json_object_set_new(doc, "path", json_string(optarg)); break;
+                case 'l':
+                        if (parse_size(optarg, &limit) < 0) {
+                                json_decref(doc);
+                                return usage_error("'%s' is not a size (e.g. 20G)", optarg);
+                        }
+                        json_object_set_new(doc, "limit", json_integer((json_int_t) limit));
+                        break;
+                default:
+                        json_decref(doc);
+                        return usage_error("bad option");
+                }
+        r = need_args(argc, argv, 1, 1, "workspace create NAME --image IMAGE [--owner USER] [--limit SIZE] [--path PATH]");
+        if (r == 0 && !json_object_get(doc, "image"))
+                r = usage_error("name the image with --image IMAGE");
+        if (r) {
+                json_decref(doc);
+                return r;
+        }
+        if (json_options(doc, &opts) < 0)
+                return fail("out of memory");
+        return call_json("CreateWorkspace", print_workspace, "ss", argv[optind], opts);
+}
+
+static int verb_workspace(int argc, char *argv[]) {
+        const char *verb = argc > 1 ? argv[1] : "";
+        uint64_t limit;
+
+        argc--, argv++;
+        if (streq(verb, "create"))
+                return verb_workspace_create(argc, argv);
+        if (streq(verb, "list"))
+                return verb_simple(argc, argv, 0, "workspace list") ?:
+                       call_json("ListWorkspaces", print_workspace_table, NULL);
+        if (streq(verb, "show"))
+                return verb_simple(argc, argv, 1, "workspace show NAME") ?:
+                       call_json("GetWorkspace", print_workspace, "s", argv[1]);
+        if (streq(verb, "rm"))
+                return verb_simple(argc, argv, 1, "workspace rm NAME") ?:
+                       call_void("RemoveWorkspace", "Workspace removed.", "s", argv[1]);
+        if (streq(verb, "checkpoints"))
+                return verb_simple(argc, argv, 1, "workspace checkpoints NAME") ?:
+                       call_json("ListCheckpoints", print_checkpoints, "s", argv[1]);
+        if (streq(verb, "restore"))
+                return verb_simple(argc, argv, 2, "workspace restore NAME LABEL") ?:
+                       call_void("RestoreWorkspace", "Workspace restored.", "ss", argv[1], argv[2]);
+        if (streq(verb, "set-limit")) {
+                if (verb_simple(argc, argv, 2, "workspace set-limit NAME SIZE"))
+                        return EXIT_USAGE;
+                if (parse_size(argv[2], &limit) < 0)
+                        return usage_error("'%s' is not a size (e.g. 20G, or none)", argv[2]);
+                return call_void("SetWorkspaceLimit", "Limit set.", "st", argv[1], limit);
+        }
+        if (streq(verb, "checkpoint")) {
+                char label[32];
+
+                reset_getopt();
+                if (getopt(argc, argv, "") >= 0 || need_args(argc, argv, 1, 2, "workspace checkpoint NAME [LABEL]"))
+                        return EXIT_USAGE;
+                if (optind + 1 < argc)
+                        snprintf(label, sizeof label, "%s", argv[optind + 1]);
+                else {
+                        time_t now = time(NULL);
+
+                        strftime(label, sizeof label, "%Y%m%d-%H%M%S", localtime(&now));
+                }
+                if (call_void("CheckpointWorkspace", NULL, "ss", argv[optind], label) != EXIT_SUCCESS)
+                        return EXIT_FAILURE;
+                if (!arg_json)
+                        printf("Checkpoint '%s' taken.\n", label);
+                return EXIT_SUCCESS;
+        }
+        return usage_error("unknown workspace command '%s'", verb);
+}
+
 static int verb_scrub(void) {
         int r = run_job("scrubbing", print_scrub, "Scrub", "");
         return r;
@@ -526,6 +690,15 @@ static void help(void) {
                "  show NAME                         show one\n"
                "  snapshot [-r] SOURCE NAME         snapshot SOURCE (read-only with -r)\n"
                "  rm NAME                           delete a subvolume (the reaper frees it)\n"
+               "\n"
+               "Workspaces (a developer's writable snapshot of an image, mounted, limited):\n"
+               "  workspace create NAME --image IMAGE [--owner USER] [--limit SIZE] [--path PATH]\n"
+               "  workspace list | show NAME         list them, or show one with its space\n"
+               "  workspace checkpoint NAME [LABEL]  a read-only snapshot to go back to\n"
+               "  workspace checkpoints NAME         list the checkpoints\n"
+               "  workspace restore NAME LABEL       go back to a checkpoint (what came after is gone)\n"
+               "  workspace set-limit NAME SIZE      change the limit (e.g. 20G, or none)\n"
+               "  workspace rm NAME                  unmount and remove it with its checkpoints\n"
                "\n"
                "The store:\n"
                "  status                            space, reaper backlog, corruption, jobs\n"
@@ -575,6 +748,8 @@ static int dispatch(int argc, char *argv[]) {
                                call_void("Rename", "Image renamed.", "ss", argv[1], argv[2]);
                 return usage_error("unknown image command '%s'", verb);
         }
+        if (streq(noun, "workspace"))
+                return verb_workspace(argc, argv);
         if (streq(noun, "list"))
                 return verb_simple(argc, argv, 0, "list") ?: call_json("ListSubvolumes", print_subvolume_table, NULL);
         if (streq(noun, "show"))

@@ -42,6 +42,7 @@ Manager *manager_free(Manager *m) {
                         (void) kill(j->worker, SIGTERM);
         sd_bus_flush_close_unref(m->bus);
         sd_event_unref(m->event);
+        workspaces_done(&m->workspaces);
         store_close(m->store);
         free(m->store_path);
         free(m);
@@ -193,6 +194,9 @@ int manager_start(Manager *m) {
                 return r;
 
         manager_recover(m);
+        r = manager_start_workspaces(m);
+        if (r < 0)
+                return r;
 
         /* The name last: once it is taken, callers find everything ready. */
         return sd_bus_request_name(m->bus, API_SERVICE, 0);

@@ -15,6 +15,7 @@
 #include <systemd/sd-event.h>
 
 #include "store.h"
+#include "workspace.h"
 
 #define JOBS_MAX 16
 
@@ -70,6 +71,7 @@ struct Manager {
         Job *jobs;
         unsigned n_jobs;
         uint32_t next_job_id;
+        Workspaces workspaces;
 };
 
 int manager_new(const char *store_path, Manager **ret);
@@ -110,6 +112,18 @@ const char *job_type_to_string(JobType t);
 const char *job_state_to_string(JobState s);
 json_t *job_to_json(const Job *j);
 void manager_job_finished(Manager *m, Job *j);
+
+/* Workspaces (workspace-dbus.c): loads the list, mounts them, and watches
+ * their use against their limits. */
+int manager_start_workspaces(Manager *m);
+int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_list_workspaces(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_get_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_remove_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_set_workspace_limit(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_checkpoint_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_list_checkpoints(sd_bus_message *message, void *userdata, sd_bus_error *error);
 
 /* Bus faces. */
 extern const sd_bus_vtable manager_vtable[];

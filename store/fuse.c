@@ -82,6 +82,9 @@ typedef struct Server {
         double negative_timeout; /* 0: ENOENT is not cached */
         bool keep_cache;
         bool cache_readdir;
+        bool map_root;          /* files of root appear as root_uid's */
+        uid_t root_uid;
+        gid_t root_gid;
 } Server;
 
 static Server *server_of(fuse_req_t req) {
@@ -202,6 +205,17 @@ static void reply_status(fuse_req_t req, int r) {
         fuse_reply_err(req, r < 0 ? -r : 0);
 }
 
+/* The owner as the kernel sees it: a workspace's files that came from a
+ * root-made image belong to its developer, with no copy of any of them. */
+static void owner_map(const Server *srv, struct stat *st) {
+        if (!srv->map_root)
+                return;
+        if (st->st_uid == 0)
+                st->st_uid = srv->root_uid;
+        if (st->st_gid == 0)
+                st->st_gid = srv->root_gid;
+}
+
 static void entry_fill(const Server *srv, const struct stat *st, struct fuse_entry_param *ret) {
         *ret = (struct fuse_entry_param) {
                 .ino = st->st_ino,
@@ -210,6 +224,7 @@ static void entry_fill(const Server *srv, const struct stat *st, struct fuse_ent
                 .attr_timeout = srv->attr_timeout,
                 .entry_timeout = srv->entry_timeout,
         };
+        owner_map(srv, &ret->attr);
 }
 
 /* Replies an entry and counts it. The count comes first, since a forget may
@@ -242,10 +257,16 @@ static void reply_negative(fuse_req_t req) {
 }
 
 static void reply_attr(fuse_req_t req, int r, const struct stat *st) {
-        if (r < 0)
+        Server *srv = server_of(req);
+        struct stat mapped;
+
+        if (r < 0) {
                 fuse_reply_err(req, -r);
-        else
-                fuse_reply_attr(req, st, server_of(req)->attr_timeout);
+                return;
+        }
+        mapped = *st;
+        owner_map(srv, &mapped);
+        fuse_reply_attr(req, &mapped, srv->attr_timeout);
 }
 
 /* ---- connection ---- */
@@ -996,6 +1017,9 @@ static int serve(Store *s, const char *name, const char *mountpoint, const Store
         r = server_open(&srv, s, name, opts->readonly, ret_holder);
         if (r < 0)
                 return r;
+        srv.map_root = opts->map_root;
+        srv.root_uid = opts->root_uid;
+        srv.root_gid = opts->root_gid;
         r = mount_args(&args, name, !srv.writable, opts->debug);
         if (r < 0)
                 return r;

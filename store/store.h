@@ -212,6 +212,13 @@ typedef struct StoreMountOptions {
         bool debug;             /* libfuse debug output */
         unsigned max_threads;   /* 0: default */
         int ready_fd;           /* if >= 0: written "1\n" and closed once mounted */
+
+        /* Files owned by root (uid or gid 0) appear owned by root_uid and
+         * root_gid: a developer's workspace of an image that root made is
+         * theirs to change, without a copy of any inode. */
+        bool map_root;
+        uid_t root_uid;
+        gid_t root_gid;
 } StoreMountOptions;
 
 int store_mount(Store *s, const char *name, const char *mountpoint,

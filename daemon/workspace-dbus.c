@@ -1,0 +1,313 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/* The workspace methods of org.cowbox1.Manager, and the watch that warns
+ * before a workspace reaches its limit. */
+
+#include <errno.h>
+#include <pwd.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "cleanup.h"
+#include "manager.h"
+#include "workspace.h"
+
+#define _cleanup_json_ _cleanup_(json_decrefp)
+#define WATCH_INTERVAL_USEC (2 * 1000 * 1000)
+
+static int reply_json(sd_bus_message *message, json_t *json) {
+        _cleanup_free_ char *text = api_json_text(json);
+
+        if (!text)
+                return -ENOMEM;
+        return sd_bus_reply_method_return(message, "s", text);
+}
+
+static int workspace_error(int r, const char *name, sd_bus_error *error) {
+        switch (r) {
+        case -ENOENT:
+                return sd_bus_error_setf(error, API_ERROR_NO_SUCH_WORKSPACE, "There is no workspace named '%s'; "
+                                         "ListWorkspaces names them.", name);
+        case -ENOKEY:
+                return sd_bus_error_setf(error, API_ERROR_NO_SUCH_CHECKPOINT, "Workspace '%s' has no such "
+                                         "checkpoint; ListCheckpoints names them.", name);
+        case -EEXIST:
+                return sd_bus_error_setf(error, API_ERROR_NAME_TAKEN, "'%s' exists already; choose another name.",
+                                         name);
+        case -EBUSY:
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "Workspace '%s' is in use: close the programs "
+                                         "that have files open in it, then try again.", name);
+        case -EINVAL:
+                return sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%s' is not a valid name: up to 64 "
+                                         "letters, digits, '.', '_' and '-', not starting with '.' or '-'.", name);
+        default:
+                return r;
+        }
+}
+
+static Workspace *find(Manager *m, const char *name, sd_bus_error *error) {
+        Workspace *ws = workspace_name_is_valid(name) ? workspace_find(&m->workspaces, name) : NULL;
+
+        if (!ws)
+                (void) workspace_error(workspace_name_is_valid(name) ? -ENOENT : -EINVAL, name, error);
+        return ws;
+}
+
+/* The owner may use their own workspace; root and the group any. */
+static int check_owner_or_admin(sd_bus_message *message, const Workspace *ws, sd_bus_error *error) {
+        _cleanup_(sd_bus_creds_unrefp) sd_bus_creds *creds = NULL;
+        uid_t uid;
+
+        if (sd_bus_query_sender_creds(message, SD_BUS_CREDS_EUID | SD_BUS_CREDS_AUGMENT, &creds) >= 0 &&
+            sd_bus_creds_get_euid(creds, &uid) >= 0 && uid == ws->owner)
+                return 0;
+        return manager_check_caller(message, error);
+}
+
+static int parse_owner(const char *text, uid_t *ret_uid, gid_t *ret_gid) {
+        struct passwd *pw;
+        char *end = NULL;
+        unsigned long v;
+
+        if (!text) {
+                *ret_uid = 0;
+                *ret_gid = 0;
+                return 0;
+        }
+        v = strtoul(text, &end, 10);
+        pw = end && *end == 0 && *text ? getpwuid((uid_t) v) : getpwnam(text);
+        if (!pw)
+                return -ESRCH;
+        *ret_uid = pw->pw_uid;
+        *ret_gid = pw->pw_gid;
+        return 0;
+}
+
+int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        static const ApiOption allowed[] = {
+                { "image", 's' }, { "owner", 's' }, { "limit", 'u' }, { "path", 's' }, {}
+        };
+        _cleanup_json_ json_t *opts = NULL, *doc = NULL;
+        Manager *m = userdata;
+        const char *name, *options, *image, *path;
+        uid_t uid;
+        gid_t gid;
+        int r;
+
+        r = sd_bus_message_read(message, "ss", &name, &options);
+        if (r < 0)
+                return r;
+        if (!workspace_name_is_valid(name))
+                return workspace_error(-EINVAL, name, error);
+        r = api_parse_options(options, allowed, &opts, error);
+        if (r < 0)
+                return r;
+        image = api_option_string(opts, "image", NULL);
+        path = api_option_string(opts, "path", NULL);
+        if (!image || !store_name_is_valid(image))
+                return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Name the image with the option "
+                                         "\"image\", e.g. {\"image\": \"src-main\"}.");
+        if (path && (path[0] != '/' || strstr(path, "/../") || strlen(path) > 1024))
+                return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"path\" must be an absolute "
+                                         "path without '..'.");
+        if (api_option_uint(opts, "limit", 0) > (uint64_t) INT64_MAX)
+                return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"limit\" is too large.");
+        if (parse_owner(api_option_string(opts, "owner", NULL), &uid, &gid) < 0)
+                return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "No user '%s' on this host.",
+                                         api_option_string(opts, "owner", ""));
+        r = manager_check_caller(message, error);
+        if (r < 0)
+                return r;
+
+        r = workspace_create(&m->workspaces, m->store, m->store_path, name, image, uid, gid,
+                             api_option_uint(opts, "limit", 0), path);
+        if (r == -EROFS)
+                return sd_bus_error_setf(error, API_ERROR_NOT_READ_ONLY, "'%s' is not a read-only image.", image);
+        if (r == -ENOENT)
+                return sd_bus_error_setf(error, API_ERROR_NO_SUCH_IMAGE, "There is no image named '%s'.", image);
+        if (r < 0)
+                return workspace_error(r, name, error);
+        doc = workspace_to_json(workspace_find(&m->workspaces, name), m->store);
+        return reply_json(message, doc);
+}
+
+int method_list_workspaces(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_json_ json_t *array = json_array();
+        Manager *m = userdata;
+
+        for (Workspace *ws = m->workspaces.list; ws; ws = ws->next)
+                json_array_append_new(array, workspace_to_json(ws, m->store));
+        return reply_json(message, array);
+}
+
+int method_get_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_json_ json_t *doc = NULL;
+        Manager *m = userdata;
+        const char *name;
+        Workspace *ws;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &name);
+        if (r < 0)
+                return r;
+        ws = find(m, name, error);
+        if (!ws)
+                return -EINVAL;
+        doc = workspace_to_json(ws, m->store);
+        return reply_json(message, doc);
+}
+
+int method_remove_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *name;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &name);
+        if (r < 0)
+                return r;
+        if (!find(m, name, error))
+                return -EINVAL;
+        r = manager_check_caller(message, error);
+        if (r < 0)
+                return r;
+        r = workspace_remove(&m->workspaces, m->store, name);
+        if (r < 0)
+                return workspace_error(r, name, error);
+        manager_reap_soon(m);
+        return sd_bus_reply_method_return(message, NULL);
+}
+
+int method_set_workspace_limit(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *name;
+        uint64_t bytes;
+        int r;
+
+        r = sd_bus_message_read(message, "st", &name, &bytes);
+        if (r < 0)
+                return r;
+        if (!find(m, name, error))
+                return -EINVAL;
+        if (bytes > (uint64_t) INT64_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "That limit is too large; 0 means none.");
+        r = manager_check_caller(message, error);
+        if (r < 0)
+                return r;
+        r = workspace_set_limit(&m->workspaces, m->store, name, bytes);
+        return r < 0 ? workspace_error(r, name, error) : sd_bus_reply_method_return(message, NULL);
+}
+
+int method_checkpoint_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *name, *label;
+        Workspace *ws;
+        int r;
+
+        r = sd_bus_message_read(message, "ss", &name, &label);
+        if (r < 0)
+                return r;
+        ws = find(m, name, error);
+        if (!ws)
+                return -EINVAL;
+        if (!workspace_name_is_valid(label))
+                return workspace_error(-EINVAL, label, error);
+        r = check_owner_or_admin(message, ws, error);
+        if (r < 0)
+                return r;
+        r = workspace_checkpoint(&m->workspaces, m->store, name, label);
+        return r < 0 ? workspace_error(r, r == -EEXIST ? label : name, error)
+                     : sd_bus_reply_method_return(message, NULL);
+}
+
+int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *name, *label;
+        Workspace *ws;
+        int r;
+
+        r = sd_bus_message_read(message, "ss", &name, &label);
+        if (r < 0)
+                return r;
+        ws = find(m, name, error);
+        if (!ws)
+                return -EINVAL;
+        r = check_owner_or_admin(message, ws, error);
+        if (r < 0)
+                return r;
+        r = workspace_restore(&m->workspaces, m->store, m->store_path, name, label);
+        return r < 0 ? workspace_error(r, name, error) : sd_bus_reply_method_return(message, NULL);
+}
+
+int method_list_checkpoints(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_json_ json_t *array = NULL;
+        Manager *m = userdata;
+        const char *name;
+        Workspace *ws;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &name);
+        if (r < 0)
+                return r;
+        ws = find(m, name, error);
+        if (!ws)
+                return -EINVAL;
+        r = workspace_checkpoints_json(ws, m->store, &array);
+        return r < 0 ? r : reply_json(message, array);
+}
+
+/* ---- the watch ---- */
+
+static void watch_one(Manager *m, Workspace *ws) {
+        _cleanup_free_ char *subvolume = NULL;
+        StoreSubvolumeInfo info = {};
+        uint64_t used;
+
+        if (!workspace_is_mounted(ws))
+                (void) workspace_mount(ws, m->store_path);      /* its server died: serve it again */
+        if (ws->limit == 0 || workspace_subvolume(ws->name, NULL, &subvolume) < 0 ||
+            store_subvolume_show(m->store, subvolume, &info) < 0)
+                return;
+        used = info.logical_bytes;
+        store_subvolume_info_clear(&info);
+
+        if (used * 100 >= ws->limit * WORKSPACE_WARNING_PERCENT) {
+                if (!ws->warned)
+                        (void) sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "WorkspaceWarning",
+                                                  "stt", ws->name, used, ws->limit);
+                ws->warned = true;
+        } else
+                ws->warned = false;
+        /* Within a block of the limit is full: the next write fails. */
+        if (used + 65536 >= ws->limit) {
+                if (!ws->full)
+                        (void) sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "WorkspaceFull",
+                                                  "stt", ws->name, used, ws->limit);
+                ws->full = true;
+        } else
+                ws->full = false;
+}
+
+static int on_watch(sd_event_source *s, uint64_t usec, void *userdata) {
+        Manager *m = userdata;
+        int r;
+
+        for (Workspace *ws = m->workspaces.list; ws; ws = ws->next)
+                watch_one(m, ws);
+        r = sd_event_source_set_time_relative(s, WATCH_INTERVAL_USEC);
+        if (r < 0)
+                return r;
+        return sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
+}
+
+int manager_start_workspaces(Manager *m) {
+        int r;
+
+        r = workspaces_load(&m->workspaces, m->store_path);
+        if (r < 0)
+                return r;
+        /* After a restart of the host, or of a server that died. */
+        for (Workspace *ws = m->workspaces.list; ws; ws = ws->next)
+                (void) workspace_mount(ws, m->store_path);
+        return sd_event_add_time_relative(m->event, NULL, CLOCK_MONOTONIC, WATCH_INTERVAL_USEC, 0, on_watch, m);
+}

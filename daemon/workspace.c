@@ -1,0 +1,582 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+#include "string-util.h"
+#include "workspace.h"
+
+#define MOUNT_READY_TIMEOUT_MS (30 * 1000)
+#define RELEASE_TIMEOUT_USEC (15 * 1000 * 1000)
+#define LABEL_MAX 64
+
+static uint64_t now_usec(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
+}
+
+/* Names and labels: letters, digits, '.', '_' and '-', not starting with
+ * '.' or '-', so that they make safe subvolume names and paths. */
+bool workspace_name_is_valid(const char *name) {
+        size_t n = name ? strlen(name) : 0;
+
+        if (n == 0 || n > LABEL_MAX || name[0] == '.' || name[0] == '-')
+                return false;
+        for (const char *p = name; *p; p++)
+                if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+                      *p == '.' || *p == '_' || *p == '-'))
+                        return false;
+        return true;
+}
+
+int workspace_subvolume(const char *name, const char *label, char **ret) {
+        if (asprintf(ret, WORKSPACE_PREFIX "%s%s%s", name, label ? WORKSPACE_CHECKPOINT_SEPARATOR : "",
+                     label ? label : "") < 0)
+                return -ENOMEM;
+        return 0;
+}
+
+static Workspace *workspace_free(Workspace *ws) {
+        if (!ws)
+                return NULL;
+        free(ws->name);
+        free(ws->image);
+        free(ws->path);
+        free(ws);
+        return NULL;
+}
+
+Workspace *workspace_find(const Workspaces *w, const char *name) {
+        for (Workspace *ws = w->list; ws; ws = ws->next)
+                if (streq(ws->name, name))
+                        return ws;
+        return NULL;
+}
+
+void workspaces_done(Workspaces *w) {
+        while (w->list) {
+                Workspace *next = w->list->next;
+
+                workspace_free(w->list);
+                w->list = next;
+        }
+        free(w->state_file);
+        free(w->default_base);
+}
+
+/* ---- the list on disk ---- */
+
+int workspaces_load(Workspaces *w, const char *store_path) {
+        json_t *doc, *array, *v;
+        size_t i;
+
+        *w = (Workspaces) {};
+        if (asprintf(&w->default_base, "%s-workspaces", store_path) < 0 ||
+            asprintf(&w->state_file, "%s/.workspaces.json", w->default_base) < 0)
+                return -ENOMEM;
+        if (mkdir(w->default_base, 0755) < 0 && errno != EEXIST)
+                return -errno;
+
+        doc = json_load_file(w->state_file, 0, NULL);
+        if (!doc)
+                return access(w->state_file, F_OK) < 0 && errno == ENOENT ? 0 : -EUCLEAN;
+        array = json_object_get(doc, "workspaces");
+        json_array_foreach(array, i, v) {
+                Workspace *ws = calloc(1, sizeof *ws);
+                const char *name = json_string_value(json_object_get(v, "name"));
+                const char *image = json_string_value(json_object_get(v, "image"));
+                const char *path = json_string_value(json_object_get(v, "path"));
+
+                if (!ws || !name || !image || !path || !workspace_name_is_valid(name)) {
+                        free(ws);
+                        continue;
+                }
+                ws->name = strdup(name);
+                ws->image = strdup(image);
+                ws->path = strdup(path);
+                ws->owner = (uid_t) json_integer_value(json_object_get(v, "owner"));
+                ws->group = (gid_t) json_integer_value(json_object_get(v, "group"));
+                ws->limit = (uint64_t) json_integer_value(json_object_get(v, "limit"));
+                ws->created_usec = (uint64_t) json_integer_value(json_object_get(v, "created_usec"));
+                if (!ws->name || !ws->image || !ws->path) {
+                        workspace_free(ws);
+                        json_decref(doc);
+                        return -ENOMEM;
+                }
+                ws->next = w->list;
+                w->list = ws;
+        }
+        json_decref(doc);
+        return 0;
+}
+
+/* Written to a temporary file, synced and renamed over the old one: the
+ * list is the old or the new one after a crash, never half of either. */
+int workspaces_save(const Workspaces *w) {
+        _cleanup_free_ char *tmp = NULL;
+        _cleanup_close_ int dir = -EBADF;
+        json_t *array = json_array(), *doc;
+        FILE *f;
+        int r = 0;
+
+        for (Workspace *ws = w->list; ws; ws = ws->next)
+                json_array_append_new(array, json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I}",
+                                                       "name", ws->name, "image", ws->image, "path", ws->path,
+                                                       "owner", (json_int_t) ws->owner,
+                                                       "group", (json_int_t) ws->group,
+                                                       "limit", (json_int_t) ws->limit,
+                                                       "created_usec", (json_int_t) ws->created_usec));
+        doc = json_pack("{s:o}", "workspaces", array);
+        if (!doc || asprintf(&tmp, "%s.tmp", w->state_file) < 0) {
+                json_decref(doc);
+                return -ENOMEM;
+        }
+        f = fopen(tmp, "we");
+        if (!f) {
+                json_decref(doc);
+                return -errno;
+        }
+        if (json_dumpf(doc, f, JSON_INDENT(2)) < 0 || fflush(f) != 0 || fsync(fileno(f)) < 0)
+                r = -EIO;
+        json_decref(doc);
+        if (fclose(f) != 0 && r == 0)
+                r = -errno;
+        if (r == 0 && rename(tmp, w->state_file) < 0)
+                r = -errno;
+        if (r < 0) {
+                (void) unlink(tmp);
+                return r;
+        }
+        dir = open(w->default_base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dir >= 0)
+                (void) fsync(dir);
+        return 0;
+}
+
+/* ---- mounting ---- */
+
+static void unescape_mountinfo(char *s) {
+        char *out = s;
+
+        for (char *p = s; *p; p++) {
+                if (p[0] == '\\' && p[1] >= '0' && p[1] <= '7' && p[2] && p[3]) {
+                        *out++ = (char) (((p[1] - '0') << 6) | ((p[2] - '0') << 3) | (p[3] - '0'));
+                        p += 3;
+                } else
+                        *out++ = *p;
+        }
+        *out = 0;
+}
+
+bool workspace_is_mounted(const Workspace *ws) {
+        _cleanup_fclose_ FILE *f = fopen("/proc/self/mountinfo", "re");
+        char line[4096];
+
+        if (!f)
+                return false;
+        while (fgets(line, sizeof line, f)) {
+                char mountpoint[4096];
+
+                if (sscanf(line, "%*s %*s %*s %*s %4095s", mountpoint) != 1)
+                        continue;
+                unescape_mountinfo(mountpoint);
+                if (streq(mountpoint, ws->path))
+                        return true;
+        }
+        return false;
+}
+
+/* The server: a process of its own (its own session, none of the daemon's
+ * file descriptors), so that it outlives a restart of the daemon and the
+ * developer's editors never notice one. */
+_noreturn_
+static void mount_server(const Workspace *ws, const char *store_path, const char *subvolume, int ready_fd) {
+        StoreMountOptions opts = {
+                .ready_fd = 3,
+                .map_root = ws->owner != 0,
+                .root_uid = ws->owner,
+                .root_gid = ws->group,
+        };
+        Store *s = NULL;
+
+        if (dup2(ready_fd, 3) < 0 || close_range(4, ~0U, 0) < 0)
+                _exit(EXIT_FAILURE);
+        if (store_open(store_path, &s) < 0)
+                _exit(EXIT_FAILURE);
+        _exit(store_mount(s, subvolume, ws->path, &opts, NULL) < 0 ? EXIT_FAILURE : EXIT_SUCCESS);
+}
+
+static int wait_ready(int fd) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        char buf[4];
+        ssize_t k;
+        int r;
+
+        do
+                r = poll(&p, 1, MOUNT_READY_TIMEOUT_MS);
+        while (r < 0 && errno == EINTR);
+        if (r <= 0)
+                return r == 0 ? -ETIMEDOUT : -errno;
+        k = read(fd, buf, sizeof buf);
+        return k > 0 && buf[0] == '1' ? 0 : -EIO;
+}
+
+int workspace_mount(const Workspace *ws, const char *store_path) {
+        _cleanup_free_ char *subvolume = NULL;
+        _cleanup_close_ int rfd = -EBADF;
+        struct stat st;
+        int fds[2], status, r;
+        pid_t pid;
+
+        if (workspace_is_mounted(ws)) {
+                if (stat(ws->path, &st) >= 0)
+                        return 0;
+                /* Its server is gone: clear the dead mount, serve it anew. */
+                (void) umount2(ws->path, MNT_DETACH);
+        }
+        r = workspace_subvolume(ws->name, NULL, &subvolume);
+        if (r < 0)
+                return r;
+        if (mkdir(ws->path, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        if (pipe2(fds, O_CLOEXEC) < 0)
+                return -errno;
+        rfd = fds[0];
+
+        pid = fork();
+        if (pid < 0) {
+                close(fds[1]);
+                return -errno;
+        }
+        if (pid == 0) {
+                sigset_t none;
+
+                sigemptyset(&none);
+                (void) sigprocmask(SIG_SETMASK, &none, NULL);
+                (void) setsid();
+                if (fork() == 0)
+                        mount_server(ws, store_path, subvolume, fds[1]);
+                _exit(EXIT_SUCCESS);
+        }
+        close(fds[1]);
+        (void) waitpid(pid, &status, 0);
+        return wait_ready(rfd);
+}
+
+/* Waits until no server holds the subvolume. */
+static int wait_released(Store *s, const char *subvolume) {
+        for (uint64_t waited = 0; waited < RELEASE_TIMEOUT_USEC; waited += 50000) {
+                StoreSubvolumeInfo info = {};
+                int r = store_subvolume_show(s, subvolume, &info);
+                pid_t holder = info.mounted_by;
+
+                store_subvolume_info_clear(&info);
+                if (r < 0)
+                        return r;
+                if (holder == 0)
+                        return 0;
+                (void) usleep(50000);
+        }
+        return -EBUSY;
+}
+
+int workspace_unmount(const Workspace *ws, Store *s) {
+        _cleanup_free_ char *subvolume = NULL;
+        int r;
+
+        r = workspace_subvolume(ws->name, NULL, &subvolume);
+        if (r < 0)
+                return r;
+        if (workspace_is_mounted(ws) && umount2(ws->path, UMOUNT_NOFOLLOW) < 0) {
+                if (errno != EBUSY)
+                        return -errno;
+                /* A dead server's mount is busy only for the kernel. */
+                struct stat st;
+                if (stat(ws->path, &st) >= 0 || errno != ENOTCONN)
+                        return -EBUSY;
+                (void) umount2(ws->path, MNT_DETACH);
+        }
+        return wait_released(s, subvolume);
+}
+
+/* ---- the work ---- */
+
+static int give_root_to(Store *s, const char *subvolume, uid_t owner, gid_t group) {
+        struct stat attr = { .st_uid = owner, .st_gid = group, .st_mode = 0700 }, st;
+        Volume *v = NULL;
+        int r;
+
+        r = volume_open(s, subvolume, true, &v, NULL);
+        if (r < 0)
+                return r;
+        r = volume_setattr(v, VOLUME_ROOT_INO, &attr, VOLUME_SET_UID | VOLUME_SET_GID | VOLUME_SET_MODE, &st);
+        if (r >= 0)
+                r = volume_sync(v);
+        volume_close(v);
+        return r;
+}
+
+int workspace_create(Workspaces *w, Store *s, const char *store_path, const char *name, const char *image,
+                     uid_t owner, gid_t group, uint64_t limit, const char *path) {
+        _cleanup_free_ char *subvolume = NULL;
+        StoreSubvolumeInfo info = {};
+        Workspace *ws;
+        int r;
+
+        if (!workspace_name_is_valid(name))
+                return -EINVAL;
+        if (workspace_find(w, name))
+                return -EEXIST;
+        r = store_subvolume_show(s, image, &info);
+        if (r >= 0 && !info.readonly)
+                r = -EROFS;
+        store_subvolume_info_clear(&info);
+        if (r < 0)
+                return r;
+        r = workspace_subvolume(name, NULL, &subvolume);
+        if (r < 0)
+                return r;
+
+        ws = calloc(1, sizeof *ws);
+        if (!ws)
+                return -ENOMEM;
+        ws->name = strdup(name);
+        ws->image = strdup(image);
+        if (path)
+                ws->path = strdup(path);
+        else if (asprintf(&ws->path, "%s/%s", w->default_base, name) < 0)
+                ws->path = NULL;
+        ws->owner = owner;
+        ws->group = group;
+        ws->limit = limit;
+        ws->created_usec = now_usec();
+        if (!ws->name || !ws->image || !ws->path) {
+                workspace_free(ws);
+                return -ENOMEM;
+        }
+
+        r = store_subvolume_snapshot(s, image, subvolume, false);
+        if (r < 0) {
+                workspace_free(ws);
+                return r;
+        }
+        r = give_root_to(s, subvolume, owner, group);
+        if (r >= 0 && limit > 0)
+                r = store_subvolume_set_quota(s, subvolume, limit);
+        if (r >= 0) {
+                ws->next = w->list;
+                w->list = ws;
+                r = workspaces_save(w);
+                if (r < 0)
+                        w->list = ws->next;
+        }
+        if (r >= 0)
+                r = workspace_mount(ws, store_path);
+        if (r < 0) {
+                if (w->list == ws) {
+                        w->list = ws->next;
+                        (void) workspaces_save(w);
+                }
+                (void) workspace_unmount(ws, s);
+                (void) store_subvolume_delete(s, subvolume, NULL);
+                workspace_free(ws);
+        }
+        return r;
+}
+
+/* The names of the workspace's checkpoints' subvolumes (prefix "workspace-NAME@"). */
+static int list_checkpoints(const Workspace *ws, Store *s, StoreSubvolumeInfo **ret, size_t *ret_n) {
+        _cleanup_free_ char *prefix = NULL;
+        StoreSubvolumeInfo *infos = NULL;
+        size_t n = 0, k = 0;
+        int r;
+
+        r = workspace_subvolume(ws->name, "", &prefix);
+        if (r < 0)
+                return r;
+        r = store_subvolume_list(s, &infos, &n);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++) {
+                if (startswith(infos[i].name, prefix)) {
+                        StoreSubvolumeInfo keep = infos[i];
+
+                        infos[i] = infos[k];
+                        infos[k++] = keep;
+                }
+        }
+        for (size_t i = k; i < n; i++)
+                store_subvolume_info_clear(&infos[i]);
+        *ret = infos;
+        *ret_n = k;
+        return 0;
+}
+
+int workspace_remove(Workspaces *w, Store *s, const char *name) {
+        _cleanup_free_ char *subvolume = NULL;
+        StoreSubvolumeInfo *checkpoints = NULL;
+        Workspace *ws = workspace_find(w, name);
+        size_t n = 0;
+        int r;
+
+        if (!ws)
+                return -ENOENT;
+        r = workspace_subvolume(name, NULL, &subvolume);
+        if (r >= 0)
+                r = workspace_unmount(ws, s);
+        if (r < 0)
+                return r;
+        r = store_subvolume_delete(s, subvolume, NULL);
+        if (r < 0 && r != -ENOENT)
+                return r;
+        if (list_checkpoints(ws, s, &checkpoints, &n) >= 0) {
+                for (size_t i = 0; i < n; i++)
+                        (void) store_subvolume_delete(s, checkpoints[i].name, NULL);
+                store_subvolume_info_array_free(checkpoints, n);
+        }
+        (void) rmdir(ws->path);
+        for (Workspace **p = &w->list; *p; p = &(*p)->next)
+                if (*p == ws) {
+                        *p = ws->next;
+                        break;
+                }
+        workspace_free(ws);
+        return workspaces_save(w);
+}
+
+int workspace_set_limit(Workspaces *w, Store *s, const char *name, uint64_t limit) {
+        _cleanup_free_ char *subvolume = NULL;
+        Workspace *ws = workspace_find(w, name);
+        int r;
+
+        if (!ws)
+                return -ENOENT;
+        r = workspace_subvolume(name, NULL, &subvolume);
+        if (r >= 0)
+                r = store_subvolume_set_quota(s, subvolume, limit);
+        if (r < 0)
+                return r;
+        ws->limit = limit;
+        ws->warned = ws->full = false;
+        return workspaces_save(w);
+}
+
+int workspace_checkpoint(Workspaces *w, Store *s, const char *name, const char *label) {
+        _cleanup_free_ char *subvolume = NULL, *checkpoint = NULL;
+
+        if (!workspace_find(w, name))
+                return -ENOENT;
+        if (!workspace_name_is_valid(label))
+                return -EINVAL;
+        if (workspace_subvolume(name, NULL, &subvolume) < 0 || workspace_subvolume(name, label, &checkpoint) < 0)
+                return -ENOMEM;
+        /* Taken by the server while it serves the workspace: everything
+         * written before is in it. */
+        return store_subvolume_snapshot(s, subvolume, checkpoint, true);
+}
+
+int workspace_restore(Workspaces *w, Store *s, const char *store_path, const char *name, const char *label) {
+        _cleanup_free_ char *subvolume = NULL, *checkpoint = NULL, *incoming = NULL;
+        Workspace *ws = workspace_find(w, name);
+        StoreSubvolumeInfo info = {};
+        int r;
+
+        if (!ws)
+                return -ENOENT;
+        if (!workspace_name_is_valid(label))
+                return -EINVAL;
+        if (workspace_subvolume(name, NULL, &subvolume) < 0 || workspace_subvolume(name, label, &checkpoint) < 0 ||
+            asprintf(&incoming, "%s.restoring", subvolume) < 0)
+                return -ENOMEM;
+        r = store_subvolume_show(s, checkpoint, &info);
+        store_subvolume_info_clear(&info);
+        if (r < 0)
+                return r == -ENOENT ? -ENOKEY : r;
+
+        /* The restored state is made first; then the workspace is switched
+         * over to it with one rename. */
+        (void) store_subvolume_delete(s, incoming, NULL);
+        r = store_subvolume_snapshot(s, checkpoint, incoming, false);
+        if (r >= 0 && ws->limit > 0)
+                r = store_subvolume_set_quota(s, incoming, ws->limit);
+        if (r < 0)
+                return r;
+        r = workspace_unmount(ws, s);
+        if (r >= 0)
+                r = store_subvolume_delete(s, subvolume, NULL);
+        if (r >= 0)
+                r = store_subvolume_rename(s, incoming, subvolume);
+        if (r < 0) {
+                (void) store_subvolume_delete(s, incoming, NULL);
+                (void) workspace_mount(ws, store_path);
+                return r;
+        }
+        ws->warned = ws->full = false;
+        return workspace_mount(ws, store_path);
+}
+
+json_t *workspace_to_json(const Workspace *ws, Store *s) {
+        _cleanup_free_ char *subvolume = NULL;
+        StoreSubvolumeInfo info = {};
+        struct passwd *pw = getpwuid(ws->owner);
+        json_t *doc;
+
+        if (workspace_subvolume(ws->name, NULL, &subvolume) < 0)
+                return NULL;
+        (void) store_subvolume_show(s, subvolume, &info);
+        doc = json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b}",
+                        "name", ws->name,
+                        "state", workspace_is_mounted(ws) ? "mounted" : "unmounted",
+                        "path", ws->path,
+                        "image", ws->image,
+                        "owner", (json_int_t) ws->owner,
+                        "owner_name", pw ? pw->pw_name : "",
+                        "limit_bytes", (json_int_t) ws->limit,
+                        "logical_bytes", (json_int_t) info.logical_bytes,
+                        "stored_bytes", (json_int_t) info.referenced_bytes,
+                        "exclusive_bytes", (json_int_t) info.exclusive_bytes,
+                        "created_usec", (json_int_t) ws->created_usec,
+                        "warning", ws->warned,
+                        "full", ws->full);
+        store_subvolume_info_clear(&info);
+        return doc;
+}
+
+int workspace_checkpoints_json(const Workspace *ws, Store *s, json_t **ret) {
+        _cleanup_free_ char *prefix = NULL;
+        StoreSubvolumeInfo *infos = NULL;
+        json_t *array = json_array();
+        size_t n = 0;
+        int r;
+
+        r = workspace_subvolume(ws->name, "", &prefix);
+        if (r >= 0)
+                r = list_checkpoints(ws, s, &infos, &n);
+        if (r < 0) {
+                json_decref(array);
+                return r;
+        }
+        for (size_t i = 0; i < n; i++)
+                json_array_append_new(array, json_pack("{s:s, s:I, s:I}",
+                                                       "label", infos[i].name + strlen(prefix),
+                                                       "created_usec", (json_int_t) infos[i].created_usec,
+                                                       "exclusive_bytes", (json_int_t) infos[i].exclusive_bytes));
+        store_subvolume_info_array_free(infos, n);
+        *ret = array;
+        return 0;
+}

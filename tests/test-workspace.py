@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Developer workspaces through cowboxd, used by a real unprivileged user:
+git init, commit and fsck inside one, a checkpoint, damage, a restore that
+brings the committed state back; the limit (EDQUOT with the synced data
+intact, the warning signal, a raised limit); another user kept out; and
+the workspace mounted again with its data after a restart of the daemon
+and after its mount went away (as after a reboot)."""
+
+import os
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cowbox_test as t  # noqa: E402
+import daemon_test as d  # noqa: E402
+
+FILL = '''
+import errno, os, sys
+path, count = sys.argv[1], int(sys.argv[2])
+data = os.urandom(128 << 10)
+for i in range(count):
+    try:
+        fd = os.open(os.path.join(path, f'fill{i}'), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        print(f'stopped {i} {errno.errorcode[e.errno]}')
+        sys.exit(0)
+print(f'wrote {count}')
+'''
+
+
+def as_user(bus, user, *argv, expect=0):
+    return d.run(bus, list(argv), expect=expect, user=user)
+
+
+def git(bus, user, path, *args, expect=0):
+    return as_user(bus, user, 'git', '-C', path, '-c', 'user.name=Dev', '-c', 'user.email=dev@example.com',
+                   '-c', 'init.defaultBranch=main', *args, expect=expect)
+
+
+def make_image(store):
+    store.create('src')
+    with store.mount('src') as m:
+        os.makedirs(m.p('lib'))
+        t.write_file(m.p('README'), b'the project\n')
+        t.write_file(m.p('lib', 'code.c'), b'int main(void) { return 0; }\n')
+    store.snapshot('src', 'src-main', readonly=True)
+    store.run('subvolume', 'delete', 'src')
+
+
+def wait_for(what, fn, timeout=20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if fn():
+            return
+        time.sleep(0.2)
+    t.fail(f'{what}: not within {timeout}s')
+
+
+def run():
+    d.require_dbus()
+    t.require_fuse()
+    t.require_program('git')
+    t.require_program('setpriv')
+    with t.Store('workspace') as store:
+        make_image(store)
+        dev = d.ensure_user('cowbox-test-dev')
+        other = d.ensure_user('cowbox-test-user')
+        with d.bus_and_daemon(store) as (bus, daemon):
+            monitor_log = os.path.join(store.tmp, 'signals')
+            monitor = subprocess.Popen(['dbus-monitor', '--system', "type='signal',sender='org.cowbox1'"],
+                                       env=dict(os.environ, **bus.env), stdout=open(monitor_log, 'w'),
+                                       stderr=subprocess.DEVNULL)
+            try:
+                r = d.cowbox(bus, '--json', 'workspace', 'create', 'dev', '--image', 'src-main',
+                             '--owner', 'cowbox-test-dev', '--limit', '8M')
+                info = __import__('json').loads(r.out)
+                path = info['path']
+                t.check_equal((info['state'], info['owner'], info['limit_bytes']), ('mounted', dev[0], 8 << 20),
+                              'the new workspace')
+
+                # The developer works in it with ordinary tools.
+                as_user(bus, dev, 'sh', '-c', f'echo change >> {path}/README && echo new > {path}/new.c')
+                git(bus, dev, path, 'init', '-q')
+                git(bus, dev, path, 'add', '-A')
+                git(bus, dev, path, 'commit', '-q', '-m', 'first')
+                git(bus, dev, path, 'fsck', '--strict')
+                d.cowbox(bus, 'workspace', 'checkpoint', 'dev', 'good', user=dev)
+                t.check('good' in d.cowbox(bus, 'workspace', 'checkpoints', 'dev', user=dev).out,
+                        'the checkpoint is listed')
+
+                # Damage, then go back.
+                as_user(bus, dev, 'sh', '-c', f'rm -rf {path}/.git/objects/* && echo garbage > {path}/README')
+                git(bus, dev, path, 'fsck', expect='fail')
+                d.cowbox(bus, 'workspace', 'restore', 'dev', 'good', user=dev)
+                git(bus, dev, path, 'fsck', '--strict')
+                t.check_equal(t.read_file(os.path.join(path, 'README')), b'the project\nchange\n',
+                              'README after the restore')
+                t.check_equal(git(bus, dev, path, 'log', '--format=%s').out.strip(), 'first', 'the git history')
+
+                # Another user is kept out, by the file system and by cowboxd.
+                r = as_user(bus, other, 'ls', path, expect='fail')
+                t.check('denied' in r.err.lower(), f'another user listing the workspace:\n{r.err}')
+                as_user(bus, other, 'sh', '-c', f'echo x > {path}/intruder', expect='fail')
+                for args in (('workspace', 'rm', 'dev'), ('workspace', 'checkpoint', 'dev', 'mine'),
+                             ('workspace', 'restore', 'dev', 'good'), ('workspace', 'set-limit', 'dev', '1G')):
+                    r = d.cowbox(bus, *args, expect=1, user=other)
+                    t.check('denied' in r.err.lower() or 'root and members' in r.err, f'{args} as another user:\n'
+                            f'{r.err}')
+                # The developer may not change the limit either.
+                d.cowbox(bus, 'workspace', 'set-limit', 'dev', '1G', expect=1, user=dev)
+
+                # The limit: EDQUOT, the synced data intact, the warning.
+                r = as_user(bus, dev, 'python3', '-c', FILL, path, '200')
+                t.check('EDQUOT' in r.out, f'filling the workspace to its limit: {r.out}')
+                filled = int(r.out.split()[1])
+                t.check(filled >= 7 * 8, f'only {filled} files of 128 KiB fitted under an 8 MiB limit')
+                t.check_equal(t.read_file(os.path.join(path, 'new.c')), b'new\n', 'an earlier file at the limit')
+                wait_for('the warning signal', lambda: 'WorkspaceWarning' in open(monitor_log).read())
+                shown = __import__('json').loads(d.cowbox(bus, '--json', 'workspace', 'show', 'dev').out)
+                t.check(shown['warning'], f'workspace show says it is near its limit: {shown}')
+                d.cowbox(bus, 'workspace', 'set-limit', 'dev', '64M')
+                deadline = time.monotonic() + 15
+                while True:
+                    r = as_user(bus, dev, 'python3', '-c', FILL, path + '/lib', '16')
+                    if 'wrote 16' in r.out or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.5)
+                t.check('wrote 16' in r.out, f'writing after the limit was raised: {r.out}')
+            finally:
+                monitor.terminate()
+                monitor.wait()
+
+            # A restart of the daemon: the workspace stays mounted.
+            daemon.stop()
+            daemon.start()
+            t.check_equal(t.read_file(os.path.join(path, 'README')), b'the project\nchange\n',
+                          'README after a restart of the daemon')
+            # Its mount gone, as after a reboot: the daemon mounts it again.
+            daemon.stop()
+            subprocess.run(['umount', path], check=True)
+            wait_for('the server to let go', lambda: store.show('workspace-dev')['mounted_by'] == 0)
+            daemon.start()
+            wait_for('the workspace mounted again', lambda: os.path.exists(os.path.join(path, 'README')))
+            git(bus, dev, path, 'fsck', '--strict')
+            t.check_equal(t.read_file(os.path.join(path, 'new.c')), b'new\n', 'new.c after the remount')
+
+            d.cowbox(bus, 'workspace', 'rm', 'dev')
+            t.check(not os.path.exists(path) or not os.listdir(path), 'the mount point after rm')
+            left = [n for n in store.names() if n.startswith('workspace-')]
+            t.check_equal(left, [], 'subvolumes of the workspace after rm')
+
+
+if __name__ == '__main__':
+    t.main(run)
