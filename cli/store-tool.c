@@ -21,7 +21,7 @@
 #include "store-tool.h"
 #include "string-util.h"
 
-#define COMMAND_OPTIONS_MAX 16
+#define COMMAND_OPTIONS_MAX 32
 #define TABLE_COLUMNS_MAX 32
 #define CELL_MAX 64
 
@@ -402,8 +402,13 @@ static int report_option_error(const Command *cmd, int c, int argc, char *argv[]
 
 int command_getopt(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         struct option longopts[COMMAND_OPTIONS_MAX + 4] = {};
-        char shortopts[2 * COMMAND_OPTIONS_MAX + 4] = ":h";
-        size_t n = 0, k = strlen(shortopts);
+        char shortopts[2 * COMMAND_OPTIONS_MAX + 4];
+        size_t n = 0, k;
+
+        /* '+': options end at the first argument, so that a command's own
+         * options stay its own. */
+        snprintf(shortopts, sizeof shortopts, "%s:h", cmd->flags & COMMAND_OPTIONS_FIRST ? "+" : "");
+        k = strlen(shortopts);
 
         for (const CommandOption *o = cmd->options; o && o->name && n < COMMAND_OPTIONS_MAX; o++) {
                 longopts[n++] = (struct option) { o->name, o->value ? required_argument : no_argument, NULL, o->id };
@@ -613,6 +618,7 @@ static const Command *const commands[] = {
         &command_fsck,
         &command_receive,
         &command_send,
+        &command_run,
         &help_command,
         NULL,
 };

@@ -65,6 +65,28 @@ enum {
         ARG_PROTO,
         ARG_COMPRESSED_DATA,
         ARG_ZSTD,
+        ARG_WORKDIR,
+        ARG_KEEP,
+        ARG_TIMEOUT,
+        ARG_MEMORY_MAX,
+        ARG_PIDS_MAX,
+        ARG_CPU,
+        ARG_IO_READ_BPS,
+        ARG_IO_WRITE_BPS,
+        ARG_IO_READ_IOPS,
+        ARG_IO_WRITE_IOPS,
+        ARG_IO_WEIGHT,
+        ARG_IO_LATENCY,
+        ARG_NAME,
+        ARG_HOSTNAME,
+        ARG_HOST_NETWORK,
+        ARG_USER,
+        ARG_CWD,
+        ARG_STDOUT,
+        ARG_STDERR,
+        ARG_ALLOW_SYSCALL,
+        ARG_KEEP_CAP,
+        ARG_KILL_ON_REFUSAL,
 };
 
 /* An option of one command: its id (a short letter, or an ARG_* value for a
@@ -82,6 +104,7 @@ typedef struct CommandOption {
 enum {
         COMMAND_JSON  = 1 << 0, /* prints a result, as text or as JSON */
         COMMAND_SIZES = 1 << 1, /* prints sizes: takes --raw */
+        COMMAND_OPTIONS_FIRST = 1 << 2, /* options only before the first argument */
 };
 
 typedef struct Command Command;
@@ -112,6 +135,7 @@ extern const Command command_scrub;
 extern const Command command_fsck;
 extern const Command command_receive;
 extern const Command command_send;
+extern const Command command_run;
 
 /* Option parsing for a verb's handler: returns the id of one of the
  * command's own options, 0 when the options are done (the arguments are then

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/* Internals of runtime/: cgroups (cgroup.c), confinement (confine.c) and
+ * the sandbox itself (sandbox.c). */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "runtime.h"
+
+/* The hierarchies a sandbox's cgroup lives in: the unified (v2) tree, and
+ * the v1 hierarchies of the controllers it uses. Paths of the sandbox's
+ * cgroup in each, "" where it has none. */
+typedef enum CgroupController {
+        CG_UNIFIED,
+        CG_BLKIO,
+        CG_MEMORY,
+        CG_PIDS,
+        CG_CPU,
+        CG_CPUACCT,
+        _CG_MAX,
+} CgroupController;
+
+typedef struct Cgroup {
+        char *path[_CG_MAX];            /* the sandbox's directory in each hierarchy */
+        bool v2_io, v2_memory, v2_pids, v2_cpu;
+        unsigned io_version;
+        char **not_applied;
+        size_t n_not_applied;
+} Cgroup;
+
+int cgroup_create(Cgroup *cg, const char *name);
+/* Applies the limits for I/O on the device dev (0: no device known). */
+void cgroup_apply(Cgroup *cg, const SandboxLimits *limits, dev_t dev);
+/* Moves pid into every hierarchy of the sandbox. */
+int cgroup_attach(const Cgroup *cg, pid_t pid);
+void cgroup_collect(const Cgroup *cg, dev_t dev, SandboxResult *ret);
+/* Kills every process left and removes the cgroups. */
+void cgroup_destroy(Cgroup *cg);
+
+/* The whole disk under path (a partition's disk): the device I/O limits
+ * name. */
+dev_t block_device_of(const char *path);
+
+/* In the task, last thing before exec: capabilities, no_new_privs, the
+ * seccomp filter. */
+int confine_task(const SandboxOptions *opts);

@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+/*
+ * runtime.h: sandboxes. A task runs in a new writable snapshot of a
+ * subvolume, served through FUSE by a server that runs in the task's own
+ * cgroup (so that the disk I/O done for the task is charged to it), in
+ * fresh mount, PID, IPC, UTS and network namespaces, under a seccomp
+ * filter, without new privileges and with a reduced capability set.
+ *
+ * Two shapes: a root sandbox has the snapshot as its root file system
+ * (container-style); a workdir sandbox sees the host's file systems
+ * read-only, with the snapshot mounted at a path of its choice as its
+ * writable working tree (build-farm style).
+ *
+ * cgroups: what the host offers is applied, on cgroup v2 (io.max,
+ * io.weight, io.latency, memory.max, pids.max, cpu.max) and on cgroup v1
+ * (blkio.throttle.*, blkio.bfq.weight, memory, pids, cpu); what could not be
+ * applied is reported, never silently dropped.
+ *
+ * Functions return 0 or a negative errno and never print.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "store.h"
+
+typedef enum SandboxShape {
+        SANDBOX_ROOT,
+        SANDBOX_WORKDIR,
+} SandboxShape;
+
+/* 0 means no limit. */
+typedef struct SandboxLimits {
+        uint64_t memory_max;            /* bytes */
+        uint64_t pids_max;
+        uint64_t cpu_percent;           /* of one CPU: 50 is half of one, 200 two */
+        uint64_t io_read_bps;           /* on the device that holds the store */
+        uint64_t io_write_bps;
+        uint64_t io_read_iops;
+        uint64_t io_write_iops;
+        uint64_t io_weight;             /* 1..10000 (v2), 1..1000 (v1 bfq) */
+        uint64_t io_latency_us;         /* v2 io.latency target */
+} SandboxLimits;
+
+typedef struct SandboxOptions {
+        const char *source;             /* the subvolume to snapshot */
+        const char *name;               /* the snapshot's name; NULL: made up */
+        SandboxShape shape;
+        const char *workdir;            /* SANDBOX_WORKDIR: where the snapshot appears */
+        char *const *argv;
+        char *const *envp;              /* NULL: a minimal environment */
+        const char *cwd;                /* NULL: the snapshot's root */
+        uid_t uid;                      /* the task's user and group */
+        gid_t gid;
+        const char *hostname;           /* NULL: the snapshot's name */
+        bool host_network;              /* else a network namespace with loopback only */
+        bool keep;                      /* keep the snapshot afterwards */
+        uint64_t timeout_usec;          /* 0: none */
+        const char *stdout_path;        /* NULL: the caller's */
+        const char *stderr_path;
+        SandboxLimits limits;
+
+        /* Widening the confinement, by name: system calls the filter lets
+         * through ("ptrace", "mount", ...), capabilities kept
+         * ("CAP_SYS_PTRACE", ...). NULL-terminated, or NULL. */
+        char *const *allow_syscalls;
+        char *const *keep_capabilities;
+        bool kill_on_refusal;           /* a refused call kills instead of EPERM */
+} SandboxOptions;
+
+typedef struct SandboxResult {
+        char *snapshot;                 /* its name (deleted unless kept) */
+        int exit_status;                /* of the task: 0..255, or 128 + signal */
+        int signal;                     /* the signal that ended it, or 0 */
+        bool timed_out;
+        bool oom_killed;
+        bool pids_limit_hit;
+        uint64_t cpu_usec;
+        uint64_t memory_peak;
+        uint64_t io_read_bytes;
+        uint64_t io_write_bytes;
+        unsigned cgroup_version;        /* of the I/O controller used: 1 or 2, 0 for none */
+
+        /* "io.latency: the host's cgroup v2 tree has no io controller" */
+        char **not_applied;             /* NULL-terminated */
+} SandboxResult;
+
+void sandbox_result_clear(SandboxResult *r);
+
+/* Runs a task to its end. The snapshot is deleted and handed to a
+ * background reaper unless opts->keep. Returns 0 once the task ran (its own
+ * failure is in the result), a negative errno if the sandbox could not be
+ * made; error_text then says what went wrong. */
+int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *error_text, size_t error_size);

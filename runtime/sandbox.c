@@ -1,0 +1,593 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * A sandbox, from start to end:
+ *
+ *   caller                 snapshot, cgroup, FUSE server, then waits
+ *   ├─ server              serves the snapshot; in the sandbox's I/O cgroup
+ *   └─ outer               joins the cgroup, unshares the namespaces
+ *      └─ init (PID 1)     mounts, hostname, loopback; reaps, passes signals on
+ *         └─ task          confined, then exec
+ *
+ * Setup failures in the children come back to the caller over a pipe
+ * that exec closes, as "ERRNO message".
+ */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <net/if.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cleanup.h"
+#include "runtime-internal.h"
+#include "string-util.h"
+
+#define SERVER_READY_TIMEOUT_MS (30 * 1000)
+
+static const char *const default_env[] = {
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME=/",
+        "container=cowbox",
+        NULL,
+};
+
+/* ---- in the children ---- */
+
+_printf_(3, 4) _noreturn_
+static void child_fail(int fd, int error, const char *format, ...) {
+        char text[512];
+        va_list ap;
+
+        va_start(ap, format);
+        vsnprintf(text, sizeof text, format, ap);
+        va_end(ap);
+        dprintf(fd, "%d %s\n", error, text);
+        _exit(127);
+}
+
+static int mkdir_p(const char *path, mode_t mode) {
+        char buf[4096];
+
+        snprintf(buf, sizeof buf, "%s", path);
+        for (char *p = buf + 1; *p; p++)
+                if (*p == '/') {
+                        *p = 0;
+                        if (mkdir(buf, mode) < 0 && errno != EEXIST)
+                                return -errno;
+                        *p = '/';
+                }
+        return mkdir(buf, mode) < 0 && errno != EEXIST ? -errno : 0;
+}
+
+/* A minimal /dev: a tmpfs with the host's harmless nodes bound in. */
+static int make_dev(const char *root) {
+        static const char *const nodes[] = { "null", "zero", "full", "random", "urandom", "tty" };
+        char path[4096], src[64];
+
+        snprintf(path, sizeof path, "%s/dev", root);
+        if (mkdir_p(path, 0755) < 0 || mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k") < 0)
+                return -errno;
+        for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
+                int fd;
+
+                snprintf(path, sizeof path, "%s/dev/%s", root, nodes[i]);
+                snprintf(src, sizeof src, "/dev/%s", nodes[i]);
+                fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+                if (fd < 0)
+                        return -errno;
+                close(fd);
+                if (mount(src, path, NULL, MS_BIND, NULL) < 0)
+                        return -errno;
+        }
+        snprintf(path, sizeof path, "%s/dev/shm", root);
+        if (mkdir(path, 01777) < 0 || mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
+                return -errno;
+        snprintf(path, sizeof path, "%s/dev/fd", root);
+        if (symlink("/proc/self/fd", path) < 0)
+                return -errno;
+        return 0;
+}
+
+static int make_proc_tmp(const char *root) {
+        char path[4096];
+
+        snprintf(path, sizeof path, "%s/proc", root);
+        if (mkdir_p(path, 0555) < 0 || mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+                return -errno;
+        snprintf(path, sizeof path, "%s/tmp", root);
+        if (mkdir_p(path, 01777) < 0 || mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
+                return -errno;
+        return 0;
+}
+
+/* Hides a host directory from a workdir sandbox: an empty read-only tmpfs
+ * over it (the store, the other sandboxes). */
+static void hide(const char *root, const char *dir) {
+        char path[4096];
+
+        snprintf(path, sizeof path, "%s%s", root, dir);
+        (void) mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755");
+}
+
+typedef struct Plan {
+        const SandboxOptions *opts;
+        const char *mountpoint;         /* the snapshot, served on the host */
+        const char *staging;            /* the workdir shape's new root */
+        const char *store_path;
+        const char *sandboxes_dir;
+        int error_fd;
+} Plan;
+
+static void setup_mounts(const Plan *p) {
+        const char *root;
+
+        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+                child_fail(p->error_fd, errno, "cannot make the mounts private: %m");
+
+        if (p->opts->shape == SANDBOX_ROOT) {
+                root = p->mountpoint;
+                if (mount(root, root, NULL, MS_BIND | MS_REC, NULL) < 0)
+                        child_fail(p->error_fd, errno, "cannot bind the snapshot: %m");
+        } else {
+                struct mount_attr attr = { .attr_set = MOUNT_ATTR_RDONLY };
+
+                root = p->staging;
+                if (mount("/", root, NULL, MS_BIND | MS_REC, NULL) < 0 ||
+                    syscall(SYS_mount_setattr, AT_FDCWD, root, AT_RECURSIVE, &attr, sizeof attr) < 0)
+                        child_fail(p->error_fd, errno, "cannot make the host read-only: %m");
+                hide(root, p->store_path);
+                hide(root, p->sandboxes_dir);
+        }
+        if (make_proc_tmp(root) < 0)
+                child_fail(p->error_fd, errno, "cannot mount /proc and /tmp: %m");
+        if (make_dev(root) < 0)
+                child_fail(p->error_fd, errno, "cannot make /dev: %m");
+        if (p->opts->shape == SANDBOX_WORKDIR) {
+                char target[4096];
+
+                /* Under the private /tmp, the path is made; elsewhere the
+                 * read-only host must have it. */
+                snprintf(target, sizeof target, "%s%s", root, p->opts->workdir);
+                (void) mkdir_p(target, 0755);
+                if (mount(p->mountpoint, target, NULL, MS_BIND, NULL) < 0)
+                        child_fail(p->error_fd, errno, "cannot mount the snapshot at %s (it must be a directory "
+                                   "of the host, or under /tmp): %m", p->opts->workdir);
+        }
+
+        /* The new root, with the old one stacked under it and detached. */
+        if (chdir(root) < 0 || syscall(SYS_pivot_root, ".", ".") < 0 || umount2(".", MNT_DETACH) < 0 ||
+            chdir("/") < 0)
+                child_fail(p->error_fd, errno, "cannot switch to the sandbox's root: %m");
+}
+
+static void loopback_up(void) {
+        struct ifreq ifr = {};
+        int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+
+        if (fd < 0)
+                return;
+        snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+        if (ioctl(fd, SIOCGIFFLAGS, &ifr) >= 0) {
+                ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+                (void) ioctl(fd, SIOCSIFFLAGS, &ifr);
+        }
+        close(fd);
+}
+
+static void redirect(const Plan *p, const char *path, int fd) {
+        int out;
+
+        if (!path)
+                return;
+        out = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY, 0640);
+        if (out < 0 || dup2(out, fd) < 0)
+                child_fail(p->error_fd, errno, "cannot open %s: %m", path);
+        close(out);
+}
+
+_noreturn_
+static void task_main(const Plan *p) {
+        const SandboxOptions *o = p->opts;
+        int r;
+
+        const char *cwd = o->cwd ? o->cwd : o->shape == SANDBOX_WORKDIR ? o->workdir : "/";
+
+        if (chdir(cwd) < 0)
+                child_fail(p->error_fd, errno, "cannot change to the working directory %s: %m", cwd);
+        r = confine_task(o);
+        if (r < 0)
+                child_fail(p->error_fd, -r, "cannot confine the task: %s", strerror(-r));
+        if (o->gid != 0 || o->uid != 0) {
+                if (setgroups(0, NULL) < 0 || setresgid(o->gid, o->gid, o->gid) < 0 ||
+                    setresuid(o->uid, o->uid, o->uid) < 0)
+                        child_fail(p->error_fd, errno, "cannot become user %u: %m", (unsigned) o->uid);
+        }
+        (void) signal(SIGPIPE, SIG_DFL);
+        execvpe(o->argv[0], o->argv, o->envp ? o->envp : (char *const *) default_env);
+        child_fail(p->error_fd, errno, "cannot run %s: %m", o->argv[0]);
+}
+
+static pid_t init_task;
+
+static void init_forward(int sig) {
+        if (init_task > 0)
+                (void) kill(init_task, sig);
+}
+
+/* PID 1 of the sandbox: reaps every orphan, passes signals on to the task,
+ * and ends with it (the kernel then kills what is left). */
+_noreturn_
+static void init_main(const Plan *p) {
+        static const int forwarded[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 };
+        const char *hostname = p->opts->hostname ? p->opts->hostname : p->opts->name;
+        int status;
+        pid_t pid;
+
+        /* The logs are host files: opened before the root changes. */
+        redirect(p, p->opts->stdout_path, STDOUT_FILENO);
+        redirect(p, p->opts->stderr_path, STDERR_FILENO);
+        setup_mounts(p);
+        if (sethostname(hostname, strlen(hostname)) < 0)
+                child_fail(p->error_fd, errno, "cannot set the hostname: %m");
+        if (!p->opts->host_network)
+                loopback_up();
+
+        for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+                (void) signal(forwarded[i], init_forward);
+        init_task = fork();
+        if (init_task < 0)
+                child_fail(p->error_fd, errno, "cannot start the task: %m");
+        if (init_task == 0) {
+                for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+                        (void) signal(forwarded[i], SIG_DFL);
+                task_main(p);
+        }
+        close(p->error_fd);
+        for (;;) {
+                pid = waitpid(-1, &status, 0);
+                if (pid < 0 && errno == EINTR)
+                        continue;
+                if (pid < 0)
+                        _exit(127);
+                if (pid == init_task)
+                        _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+        }
+}
+
+/* ---- in the caller ---- */
+
+static int wait_readable(int fd, int timeout_ms) {
+        struct pollfd p = { .fd = fd, .events = POLLIN };
+        int r;
+
+        do
+                r = poll(&p, 1, timeout_ms);
+        while (r < 0 && errno == EINTR);
+        return r < 0 ? -errno : r;
+}
+
+/* Starts the FUSE server of the snapshot in the sandbox's I/O cgroup. */
+static int start_server(Store *s, const char *name, const char *mountpoint, const Cgroup *cg, pid_t *ret) {
+        _cleanup_close_ int rfd = -EBADF;
+        int fds[2], r;
+        char buf[4];
+        pid_t pid;
+
+        if (pipe2(fds, O_CLOEXEC) < 0)
+                return -errno;
+        rfd = fds[0];
+        pid = fork();
+        if (pid < 0) {
+                close(fds[1]);
+                return -errno;
+        }
+        if (pid == 0) {
+                StoreMountOptions opts = { .ready_fd = 3 };
+                Store *own = NULL;
+                char self[32];
+
+                /* The disk I/O it does for the task is the task's. Memory and
+                 * processes are not: the kernel's OOM killer must not pick
+                 * the server of a task that grew too big. */
+                snprintf(self, sizeof self, "%d", (int) getpid());
+                for (unsigned c = 0; c < _CG_MAX; c++)
+                        if (cg->path[c] && (c == CG_BLKIO || (c == CG_UNIFIED && cg->v2_io))) {
+                                char path[4096];
+                                int fd;
+
+                                snprintf(path, sizeof path, "%s/cgroup.procs", cg->path[c]);
+                                fd = open(path, O_WRONLY | O_CLOEXEC);
+                                if (fd >= 0) {
+                                        (void) !write(fd, self, strlen(self));
+                                        close(fd);
+                                }
+                        }
+                {
+                        int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+
+                        if (fd >= 0) {
+                                (void) !write(fd, "-1000", 5);
+                                close(fd);
+                        }
+                }
+                (void) setsid();
+                if (dup2(fds[1], 3) < 0 || close_range(4, ~0U, 0) < 0)
+                        _exit(EXIT_FAILURE);
+                if (store_open(store_path(s), &own) < 0)
+                        _exit(EXIT_FAILURE);
+                _exit(store_mount(own, name, mountpoint, &opts, NULL) < 0 ? EXIT_FAILURE : EXIT_SUCCESS);
+        }
+        close(fds[1]);
+        r = wait_readable(rfd, SERVER_READY_TIMEOUT_MS);
+        if (r > 0 && read(rfd, buf, sizeof buf) > 0 && buf[0] == '1') {
+                *ret = pid;
+                return 0;
+        }
+        (void) kill(pid, SIGKILL);
+        (void) waitpid(pid, NULL, 0);
+        return r == 0 ? -ETIMEDOUT : -EIO;
+}
+
+static void stop_server(const char *mountpoint, pid_t server) {
+        if (umount2(mountpoint, 0) < 0)
+                (void) umount2(mountpoint, MNT_DETACH);
+        for (unsigned i = 0; i < 500; i++) {
+                if (waitpid(server, NULL, WNOHANG) == server)
+                        return;
+                (void) usleep(10000);
+        }
+        (void) kill(server, SIGKILL);
+        (void) waitpid(server, NULL, 0);
+}
+
+/* Kills what runs in the sandbox's cgroups, except its server. */
+static void kill_task(const Cgroup *cg, pid_t outer, pid_t server) {
+        (void) kill(outer, SIGKILL);
+        for (unsigned c = 0; c < _CG_MAX; c++) {
+                char path[4096];
+                FILE *f;
+                int pid;
+
+                if (!cg->path[c])
+                        continue;
+                snprintf(path, sizeof path, "%s/cgroup.procs", cg->path[c]);
+                f = fopen(path, "re");
+                while (f && fscanf(f, "%d", &pid) == 1)
+                        if (pid != server)
+                                (void) kill(pid, SIGKILL);
+                if (f)
+                        fclose(f);
+        }
+}
+
+/* Waits for the outer child, killing the task at the deadline. */
+static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeout_usec, SandboxResult *ret) {
+        _cleanup_close_ int pidfd = (int) syscall(SYS_pidfd_open, outer, 0);
+        struct timespec start, now;
+        int status, r;
+
+        if (pidfd < 0)
+                return -errno;
+        clock_gettime(CLOCK_MONOTONIC, &start);
+        for (;;) {
+                int wait_ms = -1;
+
+                if (timeout_usec > 0) {
+                        uint64_t elapsed;
+
+                        clock_gettime(CLOCK_MONOTONIC, &now);
+                        elapsed = (uint64_t) (now.tv_sec - start.tv_sec) * 1000000u +
+                                  (uint64_t) ((now.tv_nsec - start.tv_nsec) / 1000);
+                        if (elapsed >= timeout_usec) {
+                                ret->timed_out = true;
+                                kill_task(cg, outer, server);
+                                break;
+                        }
+                        wait_ms = (int) MIN((timeout_usec - elapsed) / 1000 + 1, (uint64_t) 1000);
+                }
+                r = wait_readable(pidfd, wait_ms);
+                if (r < 0)
+                        return r;
+                if (r > 0)
+                        break;
+        }
+        if (waitpid(outer, &status, 0) < 0)
+                return -errno;
+        if (WIFEXITED(status))
+                ret->exit_status = WEXITSTATUS(status);
+        else
+                ret->exit_status = 128 + WTERMSIG(status);
+        if (ret->timed_out)
+                ret->signal = SIGKILL, ret->exit_status = 128 + SIGKILL;
+        else if (ret->exit_status > 128)
+                ret->signal = ret->exit_status - 128;
+        return 0;
+}
+
+/* Reads what a child said before it failed. 0 if it said nothing. */
+static int read_child_error(int fd, char *text, size_t size) {
+        char buf[600];
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        char *space;
+        int e;
+
+        if (n <= 0)
+                return 0;
+        buf[n] = 0;
+        buf[strcspn(buf, "\n")] = 0;
+        e = (int) strtol(buf, &space, 10);
+        snprintf(text, size, "%s", space && *space == ' ' ? space + 1 : buf);
+        return -(e > 0 ? e : EIO);
+}
+
+void sandbox_result_clear(SandboxResult *r) {
+        free(r->snapshot);
+        for (char **p = r->not_applied; p && *p; p++)
+                free(*p);
+        free(r->not_applied);
+        *r = (SandboxResult) {};
+}
+
+static int run_task(Store *s, const SandboxOptions *opts, const char *name, SandboxResult *ret,
+                    char *error_text, size_t error_size) {
+        _cleanup_free_ char *sandboxes = NULL, *mountpoint = NULL, *staging = NULL;
+        SandboxOptions named = *opts;
+        Cgroup cg = {};
+        pid_t server = 0, outer;
+        int errfds[2] = { -EBADF, -EBADF }, r;
+        dev_t dev;
+
+        named.name = name;
+        if (asprintf(&sandboxes, "%s-sandboxes", store_path(s)) < 0 ||
+            asprintf(&mountpoint, "%s/%s", sandboxes, name) < 0 ||
+            asprintf(&staging, "%s/%s.root", sandboxes, name) < 0)
+                return -ENOMEM;
+        if ((mkdir(sandboxes, 0755) < 0 && errno != EEXIST) || (mkdir(mountpoint, 0755) < 0 && errno != EEXIST) ||
+            (opts->shape == SANDBOX_WORKDIR && mkdir(staging, 0755) < 0 && errno != EEXIST)) {
+                r = -errno;
+                snprintf(error_text, error_size, "cannot make the sandbox's directories under %s: %m", sandboxes);
+                return r;
+        }
+
+        dev = block_device_of(store_path(s));
+        r = cgroup_create(&cg, name);
+        if (r < 0) {
+                snprintf(error_text, error_size, "cannot make the sandbox's cgroups: %s", strerror(-r));
+                goto finish;
+        }
+        cgroup_apply(&cg, &opts->limits, dev);
+
+        r = start_server(s, name, mountpoint, &cg, &server);
+        if (r < 0) {
+                snprintf(error_text, error_size, "cannot serve the snapshot: %s", strerror(-r));
+                goto finish;
+        }
+
+        if (pipe2(errfds, O_CLOEXEC) < 0) {
+                r = -errno;
+                goto finish;
+        }
+        outer = fork();
+        if (outer < 0) {
+                r = -errno;
+                goto finish;
+        }
+        if (outer == 0) {
+                Plan plan = {
+                        .opts = &named,
+                        .mountpoint = mountpoint,
+                        .staging = staging,
+                        .store_path = store_path(s),
+                        .sandboxes_dir = sandboxes,
+                        .error_fd = errfds[1],
+                };
+                int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS |
+                            (opts->host_network ? 0 : CLONE_NEWNET);
+                sigset_t none;
+                pid_t init;
+                int status;
+
+                close(errfds[0]);
+                sigemptyset(&none);
+                (void) sigprocmask(SIG_SETMASK, &none, NULL);
+                (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
+                r = cgroup_attach(&cg, getpid());
+                if (r < 0)
+                        child_fail(errfds[1], -r, "cannot join the sandbox's cgroup: %s", strerror(-r));
+                if (unshare(flags) < 0)
+                        child_fail(errfds[1], errno, "cannot make the namespaces: %m");
+                init = fork();
+                if (init < 0)
+                        child_fail(errfds[1], errno, "cannot start the sandbox's init: %m");
+                if (init == 0)
+                        init_main(&plan);
+                close(errfds[1]);
+                while (waitpid(init, &status, 0) < 0 && errno == EINTR)
+                        ;
+                _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+        }
+        close(errfds[1]);
+        errfds[1] = -EBADF;
+
+        r = wait_task(&cg, outer, server, opts->timeout_usec, ret);
+        if (r >= 0) {
+                r = read_child_error(errfds[0], error_text, error_size);
+                cgroup_collect(&cg, dev, ret);
+        }
+
+finish:
+        if (errfds[0] >= 0)
+                close(errfds[0]);
+        if (errfds[1] >= 0)
+                close(errfds[1]);
+        if (server > 0)
+                stop_server(mountpoint, server);
+        ret->not_applied = cg.not_applied;
+        cg.not_applied = NULL;
+        cg.n_not_applied = 0;
+        cgroup_destroy(&cg);
+        (void) rmdir(mountpoint);
+        (void) rmdir(staging);
+        return r;
+}
+
+int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *error_text, size_t error_size) {
+        static unsigned counter;
+        char name[STORE_NAME_MAX + 1];
+        int r, k;
+
+        *ret = (SandboxResult) {};
+        error_text[0] = 0;
+        if (!opts->source || !opts->argv || !opts->argv[0]) {
+                snprintf(error_text, error_size, "a sandbox needs a subvolume and a command");
+                return -EINVAL;
+        }
+        if (opts->shape == SANDBOX_WORKDIR && (!opts->workdir || opts->workdir[0] != '/' ||
+                                               strstr(opts->workdir, "/..") || streq(opts->workdir, "/"))) {
+                snprintf(error_text, error_size, "the working tree's path must be absolute, without '..', and "
+                         "not '/'");
+                return -EINVAL;
+        }
+        if (opts->name)
+                snprintf(name, sizeof name, "%s", opts->name);
+        else
+                snprintf(name, sizeof name, "sandbox-%d-%u", (int) getpid(), counter++);
+        if (!store_name_is_valid(name)) {
+                snprintf(error_text, error_size, "'%s' is not a valid name", name);
+                return -EINVAL;
+        }
+
+        r = store_subvolume_snapshot(s, opts->source, name, false);
+        if (r < 0) {
+                snprintf(error_text, error_size, "cannot snapshot '%s' as '%s': %s", opts->source, name,
+                         store_strerror(r) ? store_strerror(r) : strerror(-r));
+                return r;
+        }
+        ret->snapshot = strdup(name);
+
+        r = run_task(s, opts, name, ret, error_text, error_size);
+
+        if (!opts->keep || r < 0) {
+                k = store_subvolume_delete(s, name, NULL);
+                if (k >= 0)
+                        (void) store_reap_in_background(s);
+        }
+        return r;
+}
