@@ -508,6 +508,9 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, Sand
                 sigemptyset(&none);
                 (void) sigprocmask(SIG_SETMASK, &none, NULL);
                 (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
+                /* A session of its own: kill(0, ...) in the task must not
+                 * reach the caller's process group. */
+                (void) setsid();
                 r = cgroup_attach(&cg, getpid());
                 if (r < 0)
                         child_fail(errfds[1], -r, "cannot join the sandbox's cgroup: %s", strerror(-r));

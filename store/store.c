@@ -249,9 +249,10 @@ int store_open(const char *path, Store **ret) {
                 pthread_mutexattr_destroy(&attr);
         }
         pthread_mutex_init(&s->space.lock, NULL);
-        s->path = strdup(path);
+        /* Absolute: a background server changes its directory to "/". */
+        s->path = realpath(path, NULL);
         if (!s->path)
-                return -ENOMEM;
+                return errno == ENOMEM ? -ENOMEM : -ENOENT;
 
         s->dir_fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         if (s->dir_fd < 0)
