@@ -188,39 +188,32 @@ static void show_progress(sd_bus *bus, const char *path, const char *what) {
         fprintf(stderr, "\r%s\033[K", line);
 }
 
-/* Starts a job with a Manager method and follows it to its end; prints
- * its result. */
-static int run_job(const char *what, void (*printer)(json_t *doc), const char *method, const char *types, ...) {
-        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
-        _cleanup_message_ sd_bus_message *reply = NULL;
-        _cleanup_bus_ sd_bus *bus = NULL;
-        JobWait w = {};
-        bool tty = isatty(STDERR_FILENO);
-        const char *path;
-        va_list ap;
+/* Subscribes to the end of jobs and to the daemon going away: before the
+ * call that starts a job, so that the end of a short one is not missed. */
+static int job_subscribe(sd_bus *bus, JobWait *w) {
         int r;
 
-        r = connect_bus(&bus);
-        if (r != 0)
-                return r;
-        /* Subscribe first, so that the end of a short job is not missed. */
         r = sd_bus_match_signal(bus, NULL, API_SERVICE, API_MANAGER_PATH, API_MANAGER_INTERFACE, "JobRemoved",
-                                on_job_removed, &w);
+                                on_job_removed, w);
         if (r >= 0)
                 r = sd_bus_add_match(bus, NULL, "type='signal',sender='org.freedesktop.DBus',"
-                                     "member='NameOwnerChanged',arg0='" API_SERVICE "'", on_owner_changed, &w);
-        if (r < 0)
-                return bus_failure(what, r, &error);
-        va_start(ap, types);
-        r = call_va(bus, method, &reply, &error, types, ap);
-        va_end(ap);
-        if (r >= 0)
-                r = sd_bus_message_read(reply, "uo", &w.id, &path);
-        if (r < 0)
-                return bus_failure(what, r, &error);
+                                     "member='NameOwnerChanged',arg0='" API_SERVICE "'", on_owner_changed, w);
+        return r;
+}
 
-        while (!w.done) {
-                if (w.daemon_gone) {
+/* Follows the job a reply names to its end; prints its result. With
+ * ret_json, the result document is returned instead of printed. */
+static int job_follow(sd_bus *bus, sd_bus_message *reply, JobWait *w, const char *what,
+                      void (*printer)(json_t *doc), json_t **ret_json) {
+        bool tty = isatty(STDERR_FILENO);
+        const char *path;
+        int r;
+
+        r = sd_bus_message_read(reply, "uo", &w->id, &path);
+        if (r < 0)
+                return fail("%s: %s", what, strerror(-r));
+        while (!w->done) {
+                if (w->daemon_gone) {
                         if (tty)
                                 fputs("\r\033[K", stderr);
                         return fail("%s: cowboxd exited before the job ended; see 'cowbox status' once it is "
@@ -240,17 +233,43 @@ static int run_job(const char *what, void (*printer)(json_t *doc), const char *m
         if (tty)
                 fputs("\r\033[K", stderr);
 
-        if (!streq(w.result, "done")) {
-                json_t *doc = json_loads(w.json, 0, NULL);
+        if (!streq(w->result, "done")) {
+                json_t *doc = json_loads(w->json, 0, NULL);
                 const char *text = json_string_value(json_object_get(doc, "error"));
 
-                r = fail("%s %s: %s", what, w.result, text ? text : "no reason given");
+                r = fail("%s %s: %s", what, w->result, text ? text : "no reason given");
                 json_decref(doc);
+        } else if (ret_json) {
+                *ret_json = json_loads(w->json, 0, NULL);
+                r = *ret_json ? EXIT_SUCCESS : fail("the daemon sent malformed JSON");
         } else
-                r = print_json_text(w.json, printer);
-        free(w.result);
-        free(w.json);
+                r = print_json_text(w->json, printer);
+        free(w->result);
+        free(w->json);
         return r;
+}
+
+/* Starts a job with a Manager method and follows it to its end. */
+static int run_job(const char *what, void (*printer)(json_t *doc), const char *method, const char *types, ...) {
+        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_message_ sd_bus_message *reply = NULL;
+        _cleanup_bus_ sd_bus *bus = NULL;
+        JobWait w = {};
+        va_list ap;
+        int r;
+
+        r = connect_bus(&bus);
+        if (r != 0)
+                return r;
+        r = job_subscribe(bus, &w);
+        if (r < 0)
+                return bus_failure(what, r, &error);
+        va_start(ap, types);
+        r = call_va(bus, method, &reply, &error, types, ap);
+        va_end(ap);
+        if (r < 0)
+                return bus_failure(what, r, &error);
+        return job_follow(bus, reply, &w, what, printer, NULL);
 }
 
 /* ---- output ---- */
@@ -664,6 +683,115 @@ static int verb_workspace(int argc, char *argv[]) {
         return usage_error("unknown workspace command '%s'", verb);
 }
 
+static int verb_run(int argc, char *argv[]) {
+        static const struct option options[] = {
+                { "workdir", required_argument, NULL, 'w' },
+                { "keep", no_argument, NULL, 'k' },
+                { "name", required_argument, NULL, 'n' },
+                { "timeout", required_argument, NULL, 't' },
+                { "memory-max", required_argument, NULL, 'm' },
+                { "pids-max", required_argument, NULL, 'p' },
+                { "cpu", required_argument, NULL, 'c' },
+                { "io-read-bps", required_argument, NULL, 'R' },
+                { "io-write-bps", required_argument, NULL, 'W' },
+                { "io-weight", required_argument, NULL, 'G' },
+                { "io-latency-us", required_argument, NULL, 'L' },
+                {}
+        };
+        static const struct { int id; const char *key; bool size; } numeric[] = {
+                { 't', "timeout_sec", false }, { 'm', "memory_max", true }, { 'p', "pids_max", false },
+                { 'c', "cpu_percent", false }, { 'R', "io_read_bps", true }, { 'W', "io_write_bps", true },
+                { 'G', "io_weight", false }, { 'L', "io_latency_us", false },
+        };
+        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_message_ sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_bus_ sd_bus *bus = NULL;
+        _cleanup_free_ char *opts = NULL;
+        json_t *doc = json_object(), *result = NULL;
+        JobWait w = {};
+        uint64_t v;
+        int c, r;
+
+        reset_getopt();
+        while ((c = getopt_long(argc, argv, "+", options, NULL)) >= 0) {
+                bool known = false;
+
+                if (c == 'w')
+                        json_object_set_new(doc, "workdir", json_string(optarg)), known = true;
+                else if (c == 'k')
+                        json_object_set_new(doc, "keep", json_true()), known = true;
+                else if (c == 'n')
+                        json_object_set_new(doc, "name", json_string(optarg)), known = true;
+                for (size_t i = 0; i < sizeof numeric / sizeof numeric[0]; i++) {
+                        char *end = NULL;
+
+                        if (numeric[i].id != c)
+                                continue;
+                        known = true;
+                        if (numeric[i].size ? parse_size(optarg, &v) < 0
+                                            : ((v = strtoull(optarg, &end, 10)), !end || *end || end == optarg)) {
+                                json_decref(doc);
+                                return usage_error("'%s' is not a valid number or size", optarg);
+                        }
+                        json_object_set_new(doc, numeric[i].key, json_integer((json_int_t) v));
+                }
+                if (!known) {
+                        json_decref(doc);
+                        return usage_error("bad option");
+                }
+        }
+        if (argc - optind < 2) {
+                json_decref(doc);
+                return usage_error("give an image and a command: run IMAGE -- COMMAND [ARG...]");
+        }
+        if (json_options(doc, &opts) < 0)
+                return fail("out of memory");
+
+        r = connect_bus(&bus);
+        if (r != 0)
+                return r;
+        r = job_subscribe(bus, &w);
+        if (r >= 0)
+                r = sd_bus_message_new_method_call(bus, &m, API_SERVICE, API_MANAGER_PATH, API_MANAGER_INTERFACE,
+                                                   "RunTask");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "s", argv[optind]);
+        if (r >= 0)
+                r = sd_bus_message_append_strv(m, argv + optind + 1 + streq(argv[optind + 1], "--"));
+        if (r >= 0)
+                r = sd_bus_message_append(m, "s", opts);
+        if (r >= 0)
+                r = sd_bus_call(bus, m, 0, &error, &reply);
+        if (r < 0)
+                return bus_failure("run", r, &error);
+        r = job_follow(bus, reply, &w, "running", NULL, &result);
+        if (r != EXIT_SUCCESS)
+                return r;
+
+        if (arg_json) {
+                json_dumpf(result, stdout, JSON_INDENT(2));
+                putchar('\n');
+        } else {
+                char a[32];
+                size_t i;
+                json_t *n;
+
+                fputs(json_string_value(json_object_get(result, "stdout")) ?: "", stdout);
+                fputs(json_string_value(json_object_get(result, "stderr")) ?: "", stderr);
+                fprintf(stderr, PROGRAM ": exit status %" PRIu64 "%s%s%s; CPU %.2f s, peak memory %s\n",
+                        num(result, "exit_status"),
+                        json_is_true(json_object_get(result, "timed_out")) ? ", out of time" : "",
+                        json_is_true(json_object_get(result, "oom_killed")) ? ", out of memory" : "",
+                        json_is_true(json_object_get(result, "pids_limit_hit")) ? ", at its process limit" : "",
+                        (double) num(result, "cpu_usec") / 1e6, human_bytes(num(result, "memory_peak_bytes"), a));
+                json_array_foreach(json_object_get(result, "not_applied"), i, n)
+                        fprintf(stderr, PROGRAM ": not applied: %s\n", json_string_value(n));
+        }
+        r = (int) num(result, "exit_status");
+        json_decref(result);
+        return r;
+}
+
 static int verb_scrub(void) {
         int r = run_job("scrubbing", print_scrub, "Scrub", "");
         return r;
@@ -690,6 +818,13 @@ static void help(void) {
                "  show NAME                         show one\n"
                "  snapshot [-r] SOURCE NAME         snapshot SOURCE (read-only with -r)\n"
                "  rm NAME                           delete a subvolume (the reaper frees it)\n"
+               "\n"
+               "Tasks:\n"
+               "  run [--workdir PATH] [--keep] [--timeout SECONDS] [--memory-max SIZE] [--pids-max N]\n"
+               "      [--cpu PERCENT] [--io-read-bps SIZE] [--io-write-bps SIZE] [--io-weight N]\n"
+               "      [--io-latency-us N] [--name NAME] IMAGE -- COMMAND [ARG...]\n"
+               "                                    snapshot IMAGE, run COMMAND in a sandbox in it,\n"
+               "                                    report, delete the snapshot; exits with its status\n"
                "\n"
                "Workspaces (a developer's writable snapshot of an image, mounted, limited):\n"
                "  workspace create NAME --image IMAGE [--owner USER] [--limit SIZE] [--path PATH]\n"
@@ -750,6 +885,8 @@ static int dispatch(int argc, char *argv[]) {
         }
         if (streq(noun, "workspace"))
                 return verb_workspace(argc, argv);
+        if (streq(noun, "run"))
+                return verb_run(argc, argv);
         if (streq(noun, "list"))
                 return verb_simple(argc, argv, 0, "list") ?: call_json("ListSubvolumes", print_subvolume_table, NULL);
         if (streq(noun, "show"))

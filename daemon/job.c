@@ -30,6 +30,7 @@ static const char *const job_type_names[_JOB_TYPE_MAX] = {
         [JOB_SEND] = "send",
         [JOB_SCRUB] = "scrub",
         [JOB_REAP] = "reap",
+        [JOB_RUN] = "run",
 };
 
 const char *job_type_to_string(JobType t) {

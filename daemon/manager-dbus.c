@@ -416,7 +416,7 @@ static json_t *send_work(Store *s, void *userdata, int *ret_error, char **ret_er
         return json_pack("{s:s}", "image", w->name);
 }
 
-static int reply_job(sd_bus_message *message, Manager *m, int r, Job *j, sd_bus_error *error) {
+int reply_job(sd_bus_message *message, Manager *m, int r, Job *j, sd_bus_error *error) {
         _cleanup_free_ char *path = NULL;
 
         if (r == -EAGAIN)
@@ -694,6 +694,9 @@ const sd_bus_vtable manager_vtable[] = {
                                 method_scrub, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("Reap", SD_BUS_NO_ARGS, SD_BUS_RESULT("u", job_id, "o", job_path),
                                 method_reap, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("RunTask", SD_BUS_ARGS("s", source, "as", command, "s", options_json),
+                                SD_BUS_RESULT("u", job_id, "o", job_path), method_run_task,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("CancelJob", SD_BUS_ARGS("u", job_id), SD_BUS_NO_RESULT,
                                 method_cancel_job, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_METHOD_WITH_ARGS("CreateWorkspace", SD_BUS_ARGS("s", name, "s", options_json),

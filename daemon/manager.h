@@ -17,7 +17,7 @@
 #include "store.h"
 #include "workspace.h"
 
-#define JOBS_MAX 16
+#define JOBS_MAX 64
 
 typedef struct Manager Manager;
 
@@ -26,6 +26,7 @@ typedef enum JobType {
         JOB_SEND,
         JOB_SCRUB,
         JOB_REAP,
+        JOB_RUN,
         _JOB_TYPE_MAX,
 } JobType;
 
@@ -124,6 +125,12 @@ int method_set_workspace_limit(sd_bus_message *message, void *userdata, sd_bus_e
 int method_checkpoint_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int method_list_checkpoints(sd_bus_message *message, void *userdata, sd_bus_error *error);
+
+/* Replies the job that r and j say was started, or the error. */
+int reply_job(sd_bus_message *message, Manager *m, int r, Job *j, sd_bus_error *error);
+
+/* Tasks in sandboxes (task-dbus.c). */
+int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error);
 
 /* Bus faces. */
 extern const sd_bus_vtable manager_vtable[];

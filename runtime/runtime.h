@@ -69,6 +69,10 @@ typedef struct SandboxOptions {
         char *const *allow_syscalls;
         char *const *keep_capabilities;
         bool kill_on_refusal;           /* a refused call kills instead of EPERM */
+
+        /* If set, watched while the task runs: once it is non-zero the task
+         * is killed and the sandbox cleaned up (a signal handler sets it). */
+        const volatile int *cancel;
 } SandboxOptions;
 
 typedef struct SandboxResult {
@@ -76,6 +80,7 @@ typedef struct SandboxResult {
         int exit_status;                /* of the task: 0..255, or 128 + signal */
         int signal;                     /* the signal that ended it, or 0 */
         bool timed_out;
+        bool cancelled;
         bool oom_killed;
         bool pids_limit_hit;
         uint64_t cpu_usec;

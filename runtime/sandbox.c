@@ -240,6 +240,8 @@ static void init_main(const Plan *p) {
         int status;
         pid_t pid;
 
+        /* If the sandbox's starter dies, everything in it goes too. */
+        (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
         /* The logs are host files: opened before the root changes. */
         redirect(p, p->opts->stdout_path, STDOUT_FILENO);
         redirect(p, p->opts->stderr_path, STDERR_FILENO);
@@ -378,7 +380,8 @@ static void kill_task(const Cgroup *cg, pid_t outer, pid_t server) {
 }
 
 /* Waits for the outer child, killing the task at the deadline. */
-static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeout_usec, SandboxResult *ret) {
+static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeout_usec,
+                     const volatile int *cancel, SandboxResult *ret) {
         _cleanup_close_ int pidfd = (int) syscall(SYS_pidfd_open, outer, 0);
         struct timespec start, now;
         int status, r;
@@ -387,8 +390,13 @@ static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeo
                 return -errno;
         clock_gettime(CLOCK_MONOTONIC, &start);
         for (;;) {
-                int wait_ms = -1;
+                int wait_ms = cancel ? 200 : -1;
 
+                if (cancel && *cancel) {
+                        ret->cancelled = true;
+                        kill_task(cg, outer, server);
+                        break;
+                }
                 if (timeout_usec > 0) {
                         uint64_t elapsed;
 
@@ -400,9 +408,11 @@ static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeo
                                 kill_task(cg, outer, server);
                                 break;
                         }
-                        wait_ms = (int) MIN((timeout_usec - elapsed) / 1000 + 1, (uint64_t) 1000);
+                        wait_ms = (int) MIN((timeout_usec - elapsed) / 1000 + 1, (uint64_t) (cancel ? 200 : 1000));
                 }
                 r = wait_readable(pidfd, wait_ms);
+                if (r == -EINTR)
+                        continue;
                 if (r < 0)
                         return r;
                 if (r > 0)
@@ -414,7 +424,7 @@ static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeo
                 ret->exit_status = WEXITSTATUS(status);
         else
                 ret->exit_status = 128 + WTERMSIG(status);
-        if (ret->timed_out)
+        if (ret->timed_out || ret->cancelled)
                 ret->signal = SIGKILL, ret->exit_status = 128 + SIGKILL;
         else if (ret->exit_status > 128)
                 ret->signal = ret->exit_status - 128;
@@ -529,7 +539,7 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, Sand
         close(errfds[1]);
         errfds[1] = -EBADF;
 
-        r = wait_task(&cg, outer, server, opts->timeout_usec, ret);
+        r = wait_task(&cg, outer, server, opts->timeout_usec, opts->cancel, ret);
         if (r >= 0) {
                 r = read_child_error(errfds[0], error_text, error_size);
                 cgroup_collect(&cg, dev, ret);

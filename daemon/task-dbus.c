@@ -1,0 +1,239 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/* RunTask: a task in a sandbox made from a new writable snapshot, as a
+ * job; its output and its report are the job's result. */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "cleanup.h"
+#include "manager.h"
+#include "runtime.h"
+
+#define _cleanup_json_ _cleanup_(json_decrefp)
+#define ARGS_MAX 256
+#define OUTPUT_MAX (64 * 1024)
+
+typedef struct TaskWork {
+        char *source;
+        char **argv;
+        SandboxOptions opts;
+        char *workdir, *name, *hostname, *cwd;
+} TaskWork;
+
+static void task_work_free(void *userdata) {
+        TaskWork *w = userdata;
+
+        for (char **a = w->argv; a && *a; a++)
+                free(*a);
+        free(w->argv);
+        free(w->source);
+        free(w->workdir);
+        free(w->name);
+        free(w->hostname);
+        free(w->cwd);
+        free(w);
+}
+
+static volatile int cancelled;
+
+static void on_term(int sig) {
+        cancelled = 1;
+}
+
+/* The first OUTPUT_MAX bytes of a file, as a JSON string. */
+static json_t *read_output(int fd) {
+        char *buf = malloc(OUTPUT_MAX + 1);
+        ssize_t n;
+        json_t *v;
+
+        if (!buf)
+                return json_string("");
+        n = pread(fd, buf, OUTPUT_MAX, 0);
+        if (n < 0)
+                n = 0;
+        buf[n] = 0;
+        v = json_stringn(buf, (size_t) n);
+        if (!v) {
+                /* Not UTF-8: the bytes that are not ASCII become '?'. */
+                for (ssize_t i = 0; i < n; i++)
+                        if ((unsigned char) buf[i] >= 0x80 || buf[i] == 0)
+                                buf[i] = '?';
+                v = json_stringn(buf, (size_t) n);
+        }
+        free(buf);
+        return v ? v : json_string("");
+}
+
+static int temp_output(const char *store_path, char **ret_path) {
+        _cleanup_free_ char *dir = NULL;
+        int fd;
+
+        if (asprintf(&dir, "%s-sandboxes", store_path) < 0 ||
+            asprintf(ret_path, "%s/output-XXXXXX", dir) < 0)
+                return -ENOMEM;
+        if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        fd = mkostemp(*ret_path, O_CLOEXEC);
+        return fd < 0 ? -errno : fd;
+}
+
+static json_t *run_work(Store *s, void *userdata, int *ret_error, char **ret_error_text,
+                        void (*progress)(uint64_t, uint64_t)) {
+        _cleanup_free_ char *out_path = NULL, *err_path = NULL;
+        _cleanup_close_ int out = -EBADF, err = -EBADF;
+        TaskWork *w = userdata;
+        SandboxResult result = {};
+        char error[512];
+        json_t *doc, *list;
+        int r;
+
+        (void) signal(SIGTERM, on_term);
+        out = temp_output(store_path(s), &out_path);
+        err = out >= 0 ? temp_output(store_path(s), &err_path) : out;
+        if (out < 0 || err < 0) {
+                *ret_error = out < 0 ? out : err;
+                return NULL;
+        }
+        w->opts.stdout_path = out_path;
+        w->opts.stderr_path = err_path;
+        w->opts.cancel = &cancelled;
+        r = sandbox_run(s, &w->opts, &result, error, sizeof error);
+        (void) unlink(out_path);
+        (void) unlink(err_path);
+        if (r < 0) {
+                *ret_error = r;
+                *ret_error_text = strdup(error);
+                sandbox_result_clear(&result);
+                return NULL;
+        }
+        list = json_array();
+        for (char **p = result.not_applied; p && *p; p++)
+                json_array_append_new(list, json_string(*p));
+        doc = json_pack("{s:s?, s:i, s:i, s:b, s:b, s:b, s:b, s:I, s:I, s:I, s:I, s:i, s:o, s:o, s:o}",
+                        "snapshot", result.snapshot,
+                        "exit_status", result.exit_status,
+                        "signal", result.signal,
+                        "timed_out", result.timed_out,
+                        "cancelled", result.cancelled,
+                        "oom_killed", result.oom_killed,
+                        "pids_limit_hit", result.pids_limit_hit,
+                        "cpu_usec", (json_int_t) result.cpu_usec,
+                        "memory_peak_bytes", (json_int_t) result.memory_peak,
+                        "io_read_bytes", (json_int_t) result.io_read_bytes,
+                        "io_write_bytes", (json_int_t) result.io_write_bytes,
+                        "cgroup_version", (int) result.cgroup_version,
+                        "not_applied", list,
+                        "stdout", read_output(out),
+                        "stderr", read_output(err));
+        sandbox_result_clear(&result);
+        return doc;
+}
+
+static char *dup_option(json_t *opts, const char *key) {
+        const char *v = api_option_string(opts, key, NULL);
+
+        return v ? strdup(v) : NULL;
+}
+
+int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        static const ApiOption allowed[] = {
+                { "workdir", 's' }, { "name", 's' }, { "hostname", 's' }, { "cwd", 's' },
+                { "keep", 'b' }, { "host_network", 'b' }, { "timeout_sec", 'u' }, { "uid", 'u' }, { "gid", 'u' },
+                { "memory_max", 'u' }, { "pids_max", 'u' }, { "cpu_percent", 'u' },
+                { "io_read_bps", 'u' }, { "io_write_bps", 'u' }, { "io_read_iops", 'u' }, { "io_write_iops", 'u' },
+                { "io_weight", 'u' }, { "io_latency_us", 'u' }, {}
+        };
+        _cleanup_json_ json_t *opts = NULL;
+        Manager *m = userdata;
+        const char *source, *options;
+        char **argv = NULL;
+        TaskWork *w;
+        Job *j = NULL;
+        size_t n = 0;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &source);
+        if (r >= 0)
+                r = sd_bus_message_read_strv(message, &argv);
+        if (r >= 0)
+                r = sd_bus_message_read(message, "s", &options);
+        if (r < 0)
+                goto fail;
+        for (; argv && argv[n]; n++)
+                ;
+        if (!store_name_is_valid(source)) {
+                r = sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%.64s' is not a valid name.", source);
+                goto fail;
+        }
+        if (n == 0 || n > ARGS_MAX) {
+                r = sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Give a command of 1 to %d words.", ARGS_MAX);
+                goto fail;
+        }
+        r = api_parse_options(options, allowed, &opts, error);
+        if (r >= 0 && api_option_string(opts, "workdir", NULL) &&
+            (api_option_string(opts, "workdir", "")[0] != '/' || strstr(api_option_string(opts, "workdir", ""), "..")))
+                r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"workdir\" must be an absolute path "
+                                      "without '..'.");
+        if (r >= 0 && api_option_uint(opts, "timeout_sec", 0) > 365 * 24 * 3600)
+                r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"timeout_sec\" is too large.");
+        if (r >= 0)
+                r = manager_check_caller(message, error);
+        if (r < 0)
+                goto fail;
+
+        w = calloc(1, sizeof *w);
+        if (!w) {
+                r = -ENOMEM;
+                goto fail;
+        }
+        w->argv = TAKE_PTR(argv);
+        w->source = strdup(source);
+        w->workdir = dup_option(opts, "workdir");
+        w->name = dup_option(opts, "name");
+        w->hostname = dup_option(opts, "hostname");
+        w->cwd = dup_option(opts, "cwd");
+        w->opts = (SandboxOptions) {
+                .source = w->source,
+                .name = w->name,
+                .shape = w->workdir ? SANDBOX_WORKDIR : SANDBOX_ROOT,
+                .workdir = w->workdir,
+                .argv = w->argv,
+                .cwd = w->cwd,
+                .hostname = w->hostname,
+                .uid = (uid_t) api_option_uint(opts, "uid", 0),
+                .gid = (gid_t) api_option_uint(opts, "gid", api_option_uint(opts, "uid", 0)),
+                .host_network = api_option_bool(opts, "host_network", false),
+                .keep = api_option_bool(opts, "keep", false),
+                .timeout_usec = api_option_uint(opts, "timeout_sec", 0) * 1000000,
+                .limits = {
+                        .memory_max = api_option_uint(opts, "memory_max", 0),
+                        .pids_max = api_option_uint(opts, "pids_max", 0),
+                        .cpu_percent = api_option_uint(opts, "cpu_percent", 0),
+                        .io_read_bps = api_option_uint(opts, "io_read_bps", 0),
+                        .io_write_bps = api_option_uint(opts, "io_write_bps", 0),
+                        .io_read_iops = api_option_uint(opts, "io_read_iops", 0),
+                        .io_write_iops = api_option_uint(opts, "io_write_iops", 0),
+                        .io_weight = api_option_uint(opts, "io_weight", 0),
+                        .io_latency_us = api_option_uint(opts, "io_latency_us", 0),
+                },
+        };
+        if (!w->source) {
+                task_work_free(w);
+                return -ENOMEM;
+        }
+        r = job_start(m, JOB_RUN, source, run_work, w, task_work_free, &j);
+        return reply_job(message, m, r, j, error);
+fail:
+        for (char **a = argv; a && *a; a++)
+                free(*a);
+        free(argv);
+        return r;
+}

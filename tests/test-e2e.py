@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""The build farm's day through cowboxd: an image arrives as a send stream,
+20 per-patch tasks run at once, each in its own snapshot (cowbox run), every
+result is checked and none saw another's change; a task is cancelled; the
+daemon is killed with -9 while a task runs and restarted, and nothing of
+that task is left; everything is deleted, reaped, and the store's usage is
+back to where it started."""
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cowbox_test as t  # noqa: E402
+import daemon_test as d  # noqa: E402
+
+
+def probe_exe():
+    return os.path.join(os.environ.get('COWBOX_BUILD_ROOT', 'build'), 'tests', 'sandbox-probe')
+
+
+def make_stream(tmp):
+    """A stream of an image with the probe program, made by another store."""
+    stream = os.path.join(tmp, 'image.stream.zst')
+    with t.Store('e2e-source') as source:
+        source.create('work')
+        with source.mount('work') as m:
+            shutil.copy(probe_exe(), m.p('probe'))
+            t.write_file(m.p('README'), b'a checkout\n')
+        source.snapshot('work', 'checkout', readonly=True)
+        source.run('send', '--zstd', '-f', stream, 'checkout')
+    return stream
+
+
+def no_sandboxes_left(store):
+    names = [s['name'] for s in store.list()]
+    base = store.path + '-sandboxes'
+    mounts = [m for m in t.mount_table() if m.startswith(base + '/')]
+    return not any(n.startswith('sandbox-') for n in names) and not mounts
+
+
+def wait_for(what, fn, timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if fn():
+            return
+        time.sleep(0.2)
+    t.fail(f'{what}: not within {timeout}s')
+
+
+def run():
+    d.require_dbus()
+    t.require_fuse()
+    with t.Store('e2e') as store:
+        stream = make_stream(store.tmp)
+        start = store.usage()
+        with d.bus_and_daemon(store) as (bus, daemon):
+            d.cowbox(bus, 'image', 'receive', '-f', stream)
+            t.check_equal(d.names(bus), ['checkout'], 'images after the receive')
+
+            def task(i):
+                r = d.cowbox(bus, 'run', '--memory-max', '256M', '--timeout', '120', 'checkout', '--',
+                             '/probe', 'mark', str(i))
+                return i, r.out.split()
+
+            with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
+                results = list(pool.map(task, range(20)))
+            for i, words in results:
+                t.check_equal(words, ['marks', str(i)], f'patch task {i} sees only its own change')
+            wait_for('the snapshots of the tasks to go', lambda: no_sandboxes_left(store))
+
+            # A report as JSON, with the task's output in it.
+            r = d.cowbox(bus, '--json', 'run', '--pids-max', '64', 'checkout', '--', '/probe', 'info')
+            report = json.loads(r.out)
+            t.check(report['stdout'].startswith('pid 2 ppid 1'), f'the task\'s output in the report: {report}')
+            t.check_equal(report['exit_status'], 0, 'exit status in the report')
+
+            # A cancelled task.
+            client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
+                                      env=dict(os.environ, **bus.env), stderr=subprocess.PIPE, text=True)
+            wait_for('the task to start', lambda: json.loads(d.cowbox(bus, 'jobs').out))
+            job = json.loads(d.cowbox(bus, 'jobs').out)[0]
+            d.cowbox(bus, 'cancel', str(job['id']))
+            _, err = client.communicate(timeout=60)
+            t.check(client.returncode != 0, f'a cancelled task\'s client: {client.returncode} {err}')
+            wait_for('the cancelled task to leave nothing', lambda: no_sandboxes_left(store))
+
+            # kill -9 of the daemon while a task runs.
+            client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
+                                      env=dict(os.environ, **bus.env), stderr=subprocess.DEVNULL)
+            wait_for('the task to start', lambda: any(n.startswith('sandbox-') for n in
+                                                      (s['name'] for s in store.list())))
+            time.sleep(1)
+            daemon.kill(signal.SIGKILL)
+            client.wait(60)
+            daemon.start()
+            wait_for('the killed daemon\'s task to leave nothing', lambda: no_sandboxes_left(store))
+            t.check_equal(d.names(bus), ['checkout'], 'what the restarted daemon reports')
+
+            # Everything goes, and the space comes back.
+            d.cowbox(bus, 'image', 'rm', 'checkout')
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                d.cowbox(bus, 'reap')
+                if store.usage()['reclaimable_bytes'] == 0:
+                    break
+                time.sleep(0.5)
+        end = store.usage()
+        for key in ('reclaimable_bytes', 'logical_bytes', 'data_bytes'):
+            t.check_equal(end[key], start[key], f'{key} at the end')
+        t.check_equal(store.names(), [], 'subvolumes at the end')
+        store.fsck()
+
+
+if __name__ == '__main__':
+    t.main(run)
