@@ -160,3 +160,11 @@ uint64_t api_option_uint(json_t *options, const char *key, uint64_t def) {
 char *api_json_text(json_t *json) {
         return json ? json_dumps(json, JSON_COMPACT) : NULL;
 }
+
+int api_reply_json(sd_bus_message *message, json_t *json) {
+        _cleanup_free_ char *text = api_json_text(json);
+
+        if (!text)
+                return -ENOMEM;
+        return sd_bus_reply_method_return(message, "s", text);
+}

@@ -83,3 +83,6 @@ uint64_t api_option_uint(json_t *options, const char *key, uint64_t def);
 
 /* Compact JSON text (the caller frees it), or NULL. */
 char *api_json_text(json_t *json);
+
+/* Replies a method call with one JSON document as its "s" result. */
+int api_reply_json(sd_bus_message *message, json_t *json);

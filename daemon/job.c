@@ -21,6 +21,7 @@
 
 #include "cleanup.h"
 #include "manager.h"
+#include "time-util.h"
 
 #define CANCEL_KILL_USEC (5 * 1000 * 1000)
 #define PROGRESS_MIN_INTERVAL_USEC (200 * 1000)
@@ -149,18 +150,11 @@ static void worker_main(Manager *m, job_work_t work, void *userdata) {
 /* ---- the daemon's side ---- */
 
 static void job_parse_line(Job *j, char *line) {
-        uint64_t now;
-        struct timespec ts;
-
         if (strncmp(line, "progress ", 9) == 0) {
                 if (sscanf(line + 9, "%" SCNu64 " %" SCNu64, &j->bytes_done, &j->bytes_total) != 2)
                         return;
-                clock_gettime(CLOCK_MONOTONIC, &ts);
-                now = (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
-                if (now - j->progress_usec >= PROGRESS_MIN_INTERVAL_USEC) {
-                        j->progress_usec = now;
+                if (ratelimit_due(&j->progress_usec, PROGRESS_MIN_INTERVAL_USEC, false))
                         (void) job_send_changed(j);
-                }
         } else if (strncmp(line, "result ", 7) == 0) {
                 free(j->result);
                 j->result = strdup(line + 7);

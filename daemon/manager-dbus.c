@@ -22,14 +22,6 @@
 
 /* ---- replies ---- */
 
-static int reply_json(sd_bus_message *message, json_t *json) {
-        _cleanup_free_ char *text = api_json_text(json);
-
-        if (!text)
-                return -ENOMEM;
-        return sd_bus_reply_method_return(message, "s", text);
-}
-
 static int check_name(const char *name, sd_bus_error *error) {
         if (!store_name_is_valid(name) || strncmp(name, IMAGE_RECEIVING_PREFIX, strlen(IMAGE_RECEIVING_PREFIX)) == 0)
                 return sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%.64s' is not a valid name: names are 1 "
@@ -82,7 +74,7 @@ static int list(sd_bus_message *message, Manager *m, bool images_only, sd_bus_er
         store_subvolume_info_array_free(infos, n);
         if (r < 0)
                 return r;
-        return reply_json(message, array);
+        return api_reply_json(message, array);
 }
 
 static int method_list_subvolumes(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -111,7 +103,7 @@ static int method_get_subvolume(sd_bus_message *message, void *userdata, sd_bus_
                 return store_error_reply(r, name, error);
         json = api_subvolume_to_json(&info);
         store_subvolume_info_clear(&info);
-        r = reply_json(message, json);
+        r = api_reply_json(message, json);
         json_decref(json);
         return r;
 }
@@ -138,7 +130,7 @@ static int method_get_status(sd_bus_message *message, void *userdata, sd_bus_err
                            "rate_bytes_per_sec", (json_int_t) reaper.rate_bytes_per_sec,
                            "backlog_bytes", (json_int_t) usage.reclaimable_bytes,
                            "jobs", jobs);
-        return reply_json(message, status);
+        return api_reply_json(message, status);
 }
 
 static int method_list_jobs(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -147,7 +139,7 @@ static int method_list_jobs(sd_bus_message *message, void *userdata, sd_bus_erro
 
         for (Job *j = m->jobs; j; j = j->next)
                 json_array_append_new(jobs, job_to_json(j));
-        return reply_json(message, jobs);
+        return api_reply_json(message, jobs);
 }
 
 /* ---- changing ---- */

@@ -16,14 +16,6 @@
 #define _cleanup_json_ _cleanup_(json_decrefp)
 #define WATCH_INTERVAL_USEC (2 * 1000 * 1000)
 
-static int reply_json(sd_bus_message *message, json_t *json) {
-        _cleanup_free_ char *text = api_json_text(json);
-
-        if (!text)
-                return -ENOMEM;
-        return sd_bus_reply_method_return(message, "s", text);
-}
-
 static int workspace_error(int r, const char *name, sd_bus_error *error) {
         switch (r) {
         case -ENOENT:
@@ -129,7 +121,7 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
         if (r < 0)
                 return workspace_error(r, name, error);
         doc = workspace_to_json(workspace_find(&m->workspaces, name), m->store);
-        return reply_json(message, doc);
+        return api_reply_json(message, doc);
 }
 
 int method_list_workspaces(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -138,7 +130,7 @@ int method_list_workspaces(sd_bus_message *message, void *userdata, sd_bus_error
 
         for (Workspace *ws = m->workspaces.list; ws; ws = ws->next)
                 json_array_append_new(array, workspace_to_json(ws, m->store));
-        return reply_json(message, array);
+        return api_reply_json(message, array);
 }
 
 int method_get_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -155,7 +147,7 @@ int method_get_workspace(sd_bus_message *message, void *userdata, sd_bus_error *
         if (!ws)
                 return -EINVAL;
         doc = workspace_to_json(ws, m->store);
-        return reply_json(message, doc);
+        return api_reply_json(message, doc);
 }
 
 int method_remove_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -253,7 +245,7 @@ int method_list_checkpoints(sd_bus_message *message, void *userdata, sd_bus_erro
         if (!ws)
                 return -EINVAL;
         r = workspace_checkpoints_json(ws, m->store, &array);
-        return r < 0 ? r : reply_json(message, array);
+        return r < 0 ? r : api_reply_json(message, array);
 }
 
 /* ---- the watch ---- */

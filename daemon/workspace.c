@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "fd-util.h"
 #include "string-util.h"
 #include "workspace.h"
 
@@ -222,16 +223,13 @@ static void mount_server(const Workspace *ws, const char *store_path, const char
 }
 
 static int wait_ready(int fd) {
-        struct pollfd p = { .fd = fd, .events = POLLIN };
         char buf[4];
         ssize_t k;
         int r;
 
-        do
-                r = poll(&p, 1, MOUNT_READY_TIMEOUT_MS);
-        while (r < 0 && errno == EINTR);
+        r = fd_wait_readable(fd, MOUNT_READY_TIMEOUT_MS);
         if (r <= 0)
-                return r == 0 ? -ETIMEDOUT : -errno;
+                return r == 0 ? -ETIMEDOUT : r;
         k = read(fd, buf, sizeof buf);
         return k > 0 && buf[0] == '1' ? 0 : -EIO;
 }

@@ -32,6 +32,7 @@
 
 #include "images-internal.h"
 #include "string-util.h"
+#include "time-util.h"
 
 #define CLONE_SOURCES_MAX 16
 #define PROGRESS_INTERVAL_USEC (200 * 1000)
@@ -68,22 +69,9 @@ typedef struct Receiver {
         uint64_t progress_usec;
 } Receiver;
 
-static uint64_t now_usec(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
-}
-
 static void report_progress(Receiver *rc, bool force) {
-        uint64_t now;
-
-        if (!rc->opts->progress)
+        if (!rc->opts->progress || !ratelimit_due(&rc->progress_usec, PROGRESS_INTERVAL_USEC, force))
                 return;
-        now = now_usec();
-        if (!force && now - rc->progress_usec < PROGRESS_INTERVAL_USEC)
-                return;
-        rc->progress_usec = now;
         rc->opts->progress(&(ImageProgress) {
                 .phase = rc->phase,
                 .bytes = stream_input_raw_bytes(rc->reader.in),

@@ -28,6 +28,7 @@
 #include "images-internal.h"
 #include "keymap.h"
 #include "string-util.h"
+#include "time-util.h"
 
 #define PROGRESS_INTERVAL_USEC (200 * 1000)
 #define XATTR_LIST_MAX_BYTES (64 * 1024)
@@ -66,22 +67,9 @@ typedef struct Sender {
         uint64_t progress_usec;
 } Sender;
 
-static uint64_t now_usec(void) {
-        struct timespec ts;
-
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
-}
-
 static void report_progress(Sender *sd, bool force) {
-        uint64_t now;
-
-        if (!sd->opts->progress)
+        if (!sd->opts->progress || !ratelimit_due(&sd->progress_usec, PROGRESS_INTERVAL_USEC, force))
                 return;
-        now = now_usec();
-        if (!force && now - sd->progress_usec < PROGRESS_INTERVAL_USEC)
-                return;
-        sd->progress_usec = now;
         sd->opts->progress(&(ImageProgress) {
                 .phase = "sending",
                 .bytes = stream_output_bytes(sd->w.out),

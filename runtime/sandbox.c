@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "fd-util.h"
 #include "runtime-internal.h"
 #include "string-util.h"
 
@@ -275,16 +276,6 @@ static void init_main(const Plan *p) {
 
 /* ---- in the caller ---- */
 
-static int wait_readable(int fd, int timeout_ms) {
-        struct pollfd p = { .fd = fd, .events = POLLIN };
-        int r;
-
-        do
-                r = poll(&p, 1, timeout_ms);
-        while (r < 0 && errno == EINTR);
-        return r < 0 ? -errno : r;
-}
-
 /* Starts the FUSE server of the snapshot in the sandbox's I/O cgroup. */
 static int start_server(Store *s, const char *name, const char *mountpoint, const Cgroup *cg, pid_t *ret) {
         _cleanup_close_ int rfd = -EBADF;
@@ -337,7 +328,7 @@ static int start_server(Store *s, const char *name, const char *mountpoint, cons
                 _exit(store_mount(own, name, mountpoint, &opts, NULL) < 0 ? EXIT_FAILURE : EXIT_SUCCESS);
         }
         close(fds[1]);
-        r = wait_readable(rfd, SERVER_READY_TIMEOUT_MS);
+        r = fd_wait_readable(rfd, SERVER_READY_TIMEOUT_MS);
         if (r > 0 && read(rfd, buf, sizeof buf) > 0 && buf[0] == '1') {
                 *ret = pid;
                 return 0;
@@ -410,7 +401,7 @@ static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeo
                         }
                         wait_ms = (int) MIN((timeout_usec - elapsed) / 1000 + 1, (uint64_t) (cancel ? 200 : 1000));
                 }
-                r = wait_readable(pidfd, wait_ms);
+                r = fd_wait_readable(pidfd, wait_ms);
                 if (r == -EINTR)
                         continue;
                 if (r < 0)

@@ -200,3 +200,13 @@ def ensure_user(name, groups=()):
         pw = pwd.getpwnam(name)
     gids = [grp.getgrnam(g).gr_gid for g in groups]
     return pw.pw_uid, pw.pw_gid, gids
+
+
+def wait_for(what, fn, timeout=30):
+    """Waits until fn() is true, or fails naming what was awaited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if fn():
+            return
+        time.sleep(0.2)
+    t.fail(f'{what}: not within {timeout}s')

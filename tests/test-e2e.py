@@ -46,15 +46,6 @@ def no_sandboxes_left(store):
     return not any(n.startswith('sandbox-') for n in names) and not mounts
 
 
-def wait_for(what, fn, timeout=30):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if fn():
-            return
-        time.sleep(0.2)
-    t.fail(f'{what}: not within {timeout}s')
-
-
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -74,7 +65,7 @@ def run():
                 results = list(pool.map(task, range(20)))
             for i, words in results:
                 t.check_equal(words, ['marks', str(i)], f'patch task {i} sees only its own change')
-            wait_for('the snapshots of the tasks to go', lambda: no_sandboxes_left(store))
+            d.wait_for('the snapshots of the tasks to go', lambda: no_sandboxes_left(store))
 
             # A report as JSON, with the task's output in it.
             r = d.cowbox(bus, '--json', 'run', '--pids-max', '64', 'checkout', '--', '/probe', 'info')
@@ -85,23 +76,23 @@ def run():
             # A cancelled task.
             client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
                                       env=dict(os.environ, **bus.env), stderr=subprocess.PIPE, text=True)
-            wait_for('the task to start', lambda: json.loads(d.cowbox(bus, 'jobs').out))
+            d.wait_for('the task to start', lambda: json.loads(d.cowbox(bus, 'jobs').out))
             job = json.loads(d.cowbox(bus, 'jobs').out)[0]
             d.cowbox(bus, 'cancel', str(job['id']))
             _, err = client.communicate(timeout=60)
             t.check(client.returncode != 0, f'a cancelled task\'s client: {client.returncode} {err}')
-            wait_for('the cancelled task to leave nothing', lambda: no_sandboxes_left(store))
+            d.wait_for('the cancelled task to leave nothing', lambda: no_sandboxes_left(store))
 
             # kill -9 of the daemon while a task runs.
             client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
                                       env=dict(os.environ, **bus.env), stderr=subprocess.DEVNULL)
-            wait_for('the task to start', lambda: any(n.startswith('sandbox-') for n in
+            d.wait_for('the task to start', lambda: any(n.startswith('sandbox-') for n in
                                                       (s['name'] for s in store.list())))
             time.sleep(1)
             daemon.kill(signal.SIGKILL)
             client.wait(60)
             daemon.start()
-            wait_for('the killed daemon\'s task to leave nothing', lambda: no_sandboxes_left(store))
+            d.wait_for('the killed daemon\'s task to leave nothing', lambda: no_sandboxes_left(store))
             t.check_equal(d.names(bus), ['checkout'], 'what the restarted daemon reports')
 
             # Everything goes, and the space comes back.

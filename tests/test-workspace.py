@@ -55,15 +55,6 @@ def make_image(store):
     store.run('subvolume', 'delete', 'src')
 
 
-def wait_for(what, fn, timeout=20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if fn():
-            return
-        time.sleep(0.2)
-    t.fail(f'{what}: not within {timeout}s')
-
-
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -123,7 +114,7 @@ def run():
                 filled = int(r.out.split()[1])
                 t.check(filled >= 7 * 8, f'only {filled} files of 128 KiB fitted under an 8 MiB limit')
                 t.check_equal(t.read_file(os.path.join(path, 'new.c')), b'new\n', 'an earlier file at the limit')
-                wait_for('the warning signal', lambda: 'WorkspaceWarning' in open(monitor_log).read())
+                d.wait_for('the warning signal', lambda: 'WorkspaceWarning' in open(monitor_log).read())
                 shown = __import__('json').loads(d.cowbox(bus, '--json', 'workspace', 'show', 'dev').out)
                 t.check(shown['warning'], f'workspace show says it is near its limit: {shown}')
                 d.cowbox(bus, 'workspace', 'set-limit', 'dev', '64M')
@@ -146,9 +137,9 @@ def run():
             # Its mount gone, as after a reboot: the daemon mounts it again.
             daemon.stop()
             subprocess.run(['umount', path], check=True)
-            wait_for('the server to let go', lambda: store.show('workspace-dev')['mounted_by'] == 0)
+            d.wait_for('the server to let go', lambda: store.show('workspace-dev')['mounted_by'] == 0)
             daemon.start()
-            wait_for('the workspace mounted again', lambda: os.path.exists(os.path.join(path, 'README')))
+            d.wait_for('the workspace mounted again', lambda: os.path.exists(os.path.join(path, 'README')))
             git(bus, dev, path, 'fsck', '--strict')
             t.check_equal(t.read_file(os.path.join(path, 'new.c')), b'new\n', 'new.c after the remount')
 

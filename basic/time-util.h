@@ -1,0 +1,25 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+/* Microseconds of CLOCK_MONOTONIC: for intervals and deadlines. */
+static inline uint64_t monotonic_usec(void) {
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
+}
+
+/* Whether at least interval has passed since *last (then *last is now):
+ * for progress reports that must not flood their reader. */
+static inline bool ratelimit_due(uint64_t *last, uint64_t interval_usec, bool force) {
+        uint64_t now = monotonic_usec();
+
+        if (!force && now - *last < interval_usec)
+                return false;
+        *last = now;
+        return true;
+}
