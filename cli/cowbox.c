@@ -683,7 +683,10 @@ static int verb_workspace(int argc, char *argv[]) {
         return usage_error("unknown workspace command '%s'", verb);
 }
 
-static int verb_run(int argc, char *argv[]) {
+/* The options of a task (run, sandbox create) into a JSON document of
+ * RunTask's options; with image, also --image. EXIT_SUCCESS or a usage
+ * error. */
+static int parse_task_options(int argc, char *argv[], json_t *doc, const char **image) {
         static const struct option options[] = {
                 { "workdir", required_argument, NULL, 'w' },
                 { "keep", no_argument, NULL, 'k' },
@@ -696,6 +699,7 @@ static int verb_run(int argc, char *argv[]) {
                 { "io-write-bps", required_argument, NULL, 'W' },
                 { "io-weight", required_argument, NULL, 'G' },
                 { "io-latency-us", required_argument, NULL, 'L' },
+                { "image", required_argument, NULL, 'i' },
                 {}
         };
         static const struct { int id; const char *key; bool size; } numeric[] = {
@@ -703,14 +707,8 @@ static int verb_run(int argc, char *argv[]) {
                 { 'c', "cpu_percent", false }, { 'R', "io_read_bps", true }, { 'W', "io_write_bps", true },
                 { 'G', "io_weight", false }, { 'L', "io_latency_us", false },
         };
-        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
-        _cleanup_message_ sd_bus_message *m = NULL, *reply = NULL;
-        _cleanup_bus_ sd_bus *bus = NULL;
-        _cleanup_free_ char *opts = NULL;
-        json_t *doc = json_object(), *result = NULL;
-        JobWait w = {};
         uint64_t v;
-        int c, r;
+        int c;
 
         reset_getopt();
         while ((c = getopt_long(argc, argv, "+", options, NULL)) >= 0) {
@@ -718,10 +716,12 @@ static int verb_run(int argc, char *argv[]) {
 
                 if (c == 'w')
                         json_object_set_new(doc, "workdir", json_string(optarg)), known = true;
-                else if (c == 'k')
+                else if (c == 'k' && !image)
                         json_object_set_new(doc, "keep", json_true()), known = true;
-                else if (c == 'n')
+                else if (c == 'n' && !image)
                         json_object_set_new(doc, "name", json_string(optarg)), known = true;
+                else if (c == 'i' && image)
+                        *image = optarg, known = true;
                 for (size_t i = 0; i < sizeof numeric / sizeof numeric[0]; i++) {
                         char *end = NULL;
 
@@ -729,16 +729,53 @@ static int verb_run(int argc, char *argv[]) {
                                 continue;
                         known = true;
                         if (numeric[i].size ? parse_size(optarg, &v) < 0
-                                            : ((v = strtoull(optarg, &end, 10)), !end || *end || end == optarg)) {
-                                json_decref(doc);
+                                            : ((v = strtoull(optarg, &end, 10)), !end || *end || end == optarg))
                                 return usage_error("'%s' is not a valid number or size", optarg);
-                        }
                         json_object_set_new(doc, numeric[i].key, json_integer((json_int_t) v));
                 }
-                if (!known) {
-                        json_decref(doc);
+                if (!known)
                         return usage_error("bad option");
-                }
+        }
+        return EXIT_SUCCESS;
+}
+
+static void print_task_result(json_t *result) {
+        char a[32];
+        size_t i;
+        json_t *n;
+
+        fputs(json_string_value(json_object_get(result, "stdout")) ?: "", stdout);
+        fputs(json_string_value(json_object_get(result, "stderr")) ?: "", stderr);
+        fprintf(stderr, PROGRAM ": exit status %" PRIu64 "%s%s%s; CPU %.2f s, peak memory %s\n",
+                num(result, "exit_status"),
+                json_is_true(json_object_get(result, "timed_out")) ? ", out of time" : "",
+                json_is_true(json_object_get(result, "oom_killed")) ? ", out of memory" : "",
+                json_is_true(json_object_get(result, "pids_limit_hit")) ? ", at its process limit" : "",
+                (double) num(result, "cpu_usec") / 1e6, human_bytes(num(result, "memory_peak_bytes"), a));
+        json_array_foreach(json_object_get(result, "not_applied"), i, n)
+                fprintf(stderr, PROGRAM ": not applied: %s\n", json_string_value(n));
+}
+
+/* The command after "--" (or after the image). */
+static char **command_words(int argc, char *argv[], int first) {
+        if (first < argc && streq(argv[first], "--"))
+                first++;
+        return first < argc ? argv + first : NULL;
+}
+
+static int verb_run(int argc, char *argv[]) {
+        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_message_ sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_bus_ sd_bus *bus = NULL;
+        _cleanup_free_ char *opts = NULL;
+        json_t *doc = json_object(), *result = NULL;
+        JobWait w = {};
+        int r;
+
+        r = parse_task_options(argc, argv, doc, NULL);
+        if (r != EXIT_SUCCESS) {
+                json_decref(doc);
+                return r;
         }
         if (argc - optind < 2) {
                 json_decref(doc);
@@ -757,7 +794,7 @@ static int verb_run(int argc, char *argv[]) {
         if (r >= 0)
                 r = sd_bus_message_append(m, "s", argv[optind]);
         if (r >= 0)
-                r = sd_bus_message_append_strv(m, argv + optind + 1 + streq(argv[optind + 1], "--"));
+                r = sd_bus_message_append_strv(m, command_words(argc, argv, optind + 1));
         if (r >= 0)
                 r = sd_bus_message_append(m, "s", opts);
         if (r >= 0)
@@ -771,25 +808,147 @@ static int verb_run(int argc, char *argv[]) {
         if (arg_json) {
                 json_dumpf(result, stdout, JSON_INDENT(2));
                 putchar('\n');
-        } else {
-                char a[32];
-                size_t i;
-                json_t *n;
-
-                fputs(json_string_value(json_object_get(result, "stdout")) ?: "", stdout);
-                fputs(json_string_value(json_object_get(result, "stderr")) ?: "", stderr);
-                fprintf(stderr, PROGRAM ": exit status %" PRIu64 "%s%s%s; CPU %.2f s, peak memory %s\n",
-                        num(result, "exit_status"),
-                        json_is_true(json_object_get(result, "timed_out")) ? ", out of time" : "",
-                        json_is_true(json_object_get(result, "oom_killed")) ? ", out of memory" : "",
-                        json_is_true(json_object_get(result, "pids_limit_hit")) ? ", at its process limit" : "",
-                        (double) num(result, "cpu_usec") / 1e6, human_bytes(num(result, "memory_peak_bytes"), a));
-                json_array_foreach(json_object_get(result, "not_applied"), i, n)
-                        fprintf(stderr, PROGRAM ": not applied: %s\n", json_string_value(n));
-        }
+        } else
+                print_task_result(result);
         r = (int) num(result, "exit_status");
         json_decref(result);
         return r;
+}
+
+static void print_sandbox(json_t *v) {
+        json_t *result = json_object_get(v, "result");
+        char command[512] = "";
+        size_t i;
+        json_t *word;
+
+        json_array_foreach(json_object_get(v, "command"), i, word)
+                snprintf(command + strlen(command), sizeof command - strlen(command), "%s%s", i ? " " : "",
+                         json_string_value(word));
+        printf("Name:      %s\n", str(v, "name"));
+        printf("State:     %s\n", str(v, "state"));
+        printf("Image:     %s\n", str(v, "image"));
+        printf("Snapshot:  %s\n", str(v, "snapshot"));
+        printf("Command:   %s\n", command);
+        if (json_is_object(result))
+                printf("Exit:      %" PRIu64 "%s\n", num(result, "exit_status"),
+                       json_is_true(json_object_get(result, "timed_out")) ? " (out of time)" :
+                       json_is_true(json_object_get(result, "oom_killed")) ? " (out of memory)" : "");
+}
+
+static void print_sandbox_table(json_t *list) {
+        size_t i;
+        json_t *v;
+
+        printf("%-20s %-9s %-20s %s\n", "NAME", "STATE", "IMAGE", "EXIT");
+        json_array_foreach(list, i, v) {
+                json_t *result = json_object_get(v, "result");
+                char exit_text[16] = "-";
+
+                if (json_is_object(result))
+                        snprintf(exit_text, sizeof exit_text, "%" PRIu64, num(result, "exit_status"));
+                printf("%-20s %-9s %-20s %s\n", str(v, "name"), str(v, "state"), str(v, "image"), exit_text);
+        }
+}
+
+static int verb_sandbox_create(int argc, char *argv[]) {
+        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_message_ sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_bus_ sd_bus *bus = NULL;
+        _cleanup_free_ char *opts = NULL;
+        json_t *doc = json_object();
+        const char *image = NULL, *text, *name = argc > 1 ? argv[1] : NULL;
+        int r;
+
+        /* NAME comes first: the options follow it. */
+        r = name ? parse_task_options(--argc, ++argv, doc, &image) : EXIT_USAGE;
+        if (r == EXIT_SUCCESS && (!image || argc - optind < 1))
+                r = usage_error("usage: sandbox create NAME --image IMAGE [LIMITS] -- COMMAND [ARG...]");
+        if (r != EXIT_SUCCESS) {
+                json_decref(doc);
+                return r;
+        }
+        if (json_options(doc, &opts) < 0)
+                return fail("out of memory");
+        r = connect_bus(&bus);
+        if (r != 0)
+                return r;
+        r = sd_bus_message_new_method_call(bus, &m, API_SERVICE, API_MANAGER_PATH, API_MANAGER_INTERFACE,
+                                           "CreateSandbox");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "ss", name, image);
+        if (r >= 0)
+                r = sd_bus_message_append_strv(m, command_words(argc, argv, optind));
+        if (r >= 0)
+                r = sd_bus_message_append(m, "s", opts);
+        if (r >= 0)
+                r = sd_bus_call(bus, m, 0, &error, &reply);
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "s", &text);
+        if (r < 0)
+                return bus_failure("CreateSandbox", r, &error);
+        return print_json_text(text, print_sandbox);
+}
+
+/* WaitSandbox answers when the task ends: no timeout. */
+static int verb_sandbox_wait(const char *name) {
+        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_message_ sd_bus_message *m = NULL, *reply = NULL;
+        _cleanup_bus_ sd_bus *bus = NULL;
+        const char *text;
+        json_t *doc, *result;
+        int r;
+
+        r = connect_bus(&bus);
+        if (r != 0)
+                return r;
+        r = sd_bus_message_new_method_call(bus, &m, API_SERVICE, API_MANAGER_PATH, API_MANAGER_INTERFACE,
+                                           "WaitSandbox");
+        if (r >= 0)
+                r = sd_bus_message_append(m, "s", name);
+        if (r >= 0)
+                r = sd_bus_call(bus, m, UINT64_MAX - 1, &error, &reply);
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "s", &text);
+        if (r < 0)
+                return bus_failure("WaitSandbox", r, &error);
+        if (arg_json)
+                return print_json_text(text, NULL);
+        doc = json_loads(text, 0, NULL);
+        result = json_object_get(doc, "result");
+        if (!json_is_object(result)) {
+                r = fail("sandbox '%s' %s without a result", name, str(doc, "state"));
+                json_decref(doc);
+                return r;
+        }
+        print_task_result(result);
+        r = (int) num(result, "exit_status");
+        json_decref(doc);
+        return r;
+}
+
+static int verb_sandbox(int argc, char *argv[]) {
+        const char *verb = argc > 1 ? argv[1] : "";
+
+        argc--, argv++;
+        if (streq(verb, "create"))
+                return verb_sandbox_create(argc, argv);
+        if (streq(verb, "list"))
+                return verb_simple(argc, argv, 0, "sandbox list") ?:
+                       call_json("ListSandboxes", print_sandbox_table, NULL);
+        if (streq(verb, "start")) {
+                if (verb_simple(argc, argv, 1, "sandbox start NAME"))
+                        return EXIT_USAGE;
+                return call_void("StartSandbox", "Sandbox started.", "s", argv[1]);
+        }
+        if (streq(verb, "wait"))
+                return verb_simple(argc, argv, 1, "sandbox wait NAME") ?: verb_sandbox_wait(argv[1]);
+        if (streq(verb, "kill"))
+                return verb_simple(argc, argv, 1, "sandbox kill NAME") ?:
+                       call_void("KillSandbox", "Sandbox killed.", "s", argv[1]);
+        if (streq(verb, "rm"))
+                return verb_simple(argc, argv, 1, "sandbox rm NAME") ?:
+                       call_void("DeleteSandbox", "Sandbox removed.", "s", argv[1]);
+        return usage_error("unknown sandbox command '%s'", verb);
 }
 
 static int verb_scrub(void) {
@@ -825,6 +984,14 @@ static void help(void) {
                "      [--io-latency-us N] [--name NAME] IMAGE -- COMMAND [ARG...]\n"
                "                                    snapshot IMAGE, run COMMAND in a sandbox in it,\n"
                "                                    report, delete the snapshot; exits with its status\n"
+               "\n"
+               "Sandboxes (a snapshot, a command and its limits, run when asked):\n"
+               "  sandbox create NAME --image IMAGE [LIMITS as for run] -- COMMAND [ARG...]\n"
+               "  sandbox start NAME                start its command (again) in its snapshot\n"
+               "  sandbox wait NAME                 wait for it; report; exit with its status\n"
+               "  sandbox kill NAME                 kill its task\n"
+               "  sandbox rm NAME                   delete it with its snapshot\n"
+               "  sandbox list                      list them with their state\n"
                "\n"
                "Workspaces (a developer's writable snapshot of an image, mounted, limited):\n"
                "  workspace create NAME --image IMAGE [--owner USER] [--limit SIZE] [--path PATH]\n"
@@ -887,6 +1054,8 @@ static int dispatch(int argc, char *argv[]) {
                 return verb_workspace(argc, argv);
         if (streq(noun, "run"))
                 return verb_run(argc, argv);
+        if (streq(noun, "sandbox"))
+                return verb_sandbox(argc, argv);
         if (streq(noun, "list"))
                 return verb_simple(argc, argv, 0, "list") ?: call_json("ListSubvolumes", print_subvolume_table, NULL);
         if (streq(noun, "show"))

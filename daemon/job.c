@@ -236,7 +236,7 @@ static int on_child(sd_event_source *s, const siginfo_t *si, void *userdata) {
 int job_start(Manager *m, JobType type, const char *target, job_work_t work, void *userdata,
               void (*userdata_free)(void *), Job **ret) {
         Job *j;
-        int fds[2], r;
+        int fds[2], bus_fd, r;
         pid_t pid;
 
         if (m->n_jobs >= JOBS_MAX) {
@@ -259,6 +259,8 @@ int job_start(Manager *m, JobType type, const char *target, job_work_t work, voi
                 goto fail;
         }
 
+        /* Asked before the fork: sd-bus refuses a forked child's calls. */
+        bus_fd = sd_bus_get_fd(m->bus);
         pid = fork();
         if (pid < 0) {
                 r = -errno;
@@ -267,6 +269,10 @@ int job_start(Manager *m, JobType type, const char *target, job_work_t work, voi
                 goto fail;
         }
         if (pid == 0) {
+                /* The worker must not keep the daemon's bus connection: a
+                 * daemon killed while its workers run would keep its name. */
+                if (bus_fd >= 0)
+                        (void) close(bus_fd);
                 close(fds[0]);
                 worker_fd = fds[1];
                 (void) prctl(PR_SET_PDEATHSIG, SIGTERM);

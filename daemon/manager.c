@@ -43,6 +43,7 @@ Manager *manager_free(Manager *m) {
         sd_bus_flush_close_unref(m->bus);
         sd_event_unref(m->event);
         workspaces_done(&m->workspaces);
+        manager_free_sandboxes(m);
         store_close(m->store);
         free(m->store_path);
         free(m);
@@ -125,6 +126,8 @@ int manager_signal_subvolume(Manager *m, const char *name, bool added) {
 }
 
 void manager_job_finished(Manager *m, Job *j) {
+        if (j->type == JOB_RUN)
+                manager_sandbox_job_finished(m, j);
         /* A worker that died in the middle of a receive leaves a
          * half-received image behind; a scrub or a reap nothing. */
         if (j->type == JOB_RECEIVE && j->state != JOB_DONE)
@@ -195,11 +198,20 @@ int manager_start(Manager *m) {
 
         manager_recover(m);
         r = manager_start_workspaces(m);
+        if (r >= 0)
+                r = manager_load_sandboxes(m);
         if (r < 0)
                 return r;
 
-        /* The name last: once it is taken, callers find everything ready. */
-        return sd_bus_request_name(m->bus, API_SERVICE, 0);
+        /* The name last: once it is taken, callers find everything ready.
+         * A daemon killed a moment ago may still hold it while the last of
+         * its processes goes: wait a little for it. */
+        for (unsigned i = 0;; i++) {
+                r = sd_bus_request_name(m->bus, API_SERVICE, 0);
+                if (r != -EEXIST || i >= 150)
+                        return r;
+                (void) usleep(200 * 1000);
+        }
 }
 
 int manager_run(Manager *m) {

@@ -20,6 +20,7 @@
 #define JOBS_MAX 64
 
 typedef struct Manager Manager;
+typedef struct Sandbox Sandbox;
 
 typedef enum JobType {
         JOB_RECEIVE,
@@ -73,6 +74,7 @@ struct Manager {
         unsigned n_jobs;
         uint32_t next_job_id;
         Workspaces workspaces;
+        Sandbox *sandboxes;
 };
 
 int manager_new(const char *store_path, Manager **ret);
@@ -129,8 +131,23 @@ int method_list_checkpoints(sd_bus_message *message, void *userdata, sd_bus_erro
 /* Replies the job that r and j say was started, or the error. */
 int reply_job(sd_bus_message *message, Manager *m, int r, Job *j, sd_bus_error *error);
 
-/* Tasks in sandboxes (task-dbus.c). */
+/* Tasks in sandboxes (task-dbus.c): checks a command and its options,
+ * and starts a job that runs it in a new snapshot of source, or in source
+ * itself. */
+int task_check(const char *source, char **argv, const char *options, json_t **ret_opts, sd_bus_error *error);
+int task_start(Manager *m, const char *source, char *const *argv, json_t *opts, bool in_source, Job **ret);
 int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error);
+
+/* Sandboxes with a life of their own (sandbox-dbus.c). */
+int manager_load_sandboxes(Manager *m);
+void manager_free_sandboxes(Manager *m);
+void manager_sandbox_job_finished(Manager *m, Job *j);
+int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_start_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_wait_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_kill_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_delete_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error);
+int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error);
 
 /* Bus faces. */
 extern const sd_bus_vtable manager_vtable[];

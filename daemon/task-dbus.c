@@ -143,58 +143,56 @@ static char *dup_option(json_t *opts, const char *key) {
         return v ? strdup(v) : NULL;
 }
 
-int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        static const ApiOption allowed[] = {
-                { "workdir", 's' }, { "name", 's' }, { "hostname", 's' }, { "cwd", 's' },
-                { "keep", 'b' }, { "host_network", 'b' }, { "timeout_sec", 'u' }, { "uid", 'u' }, { "gid", 'u' },
-                { "memory_max", 'u' }, { "pids_max", 'u' }, { "cpu_percent", 'u' },
-                { "io_read_bps", 'u' }, { "io_write_bps", 'u' }, { "io_read_iops", 'u' }, { "io_write_iops", 'u' },
-                { "io_weight", 'u' }, { "io_latency_us", 'u' }, {}
-        };
-        _cleanup_json_ json_t *opts = NULL;
-        Manager *m = userdata;
-        const char *source, *options;
-        char **argv = NULL;
-        TaskWork *w;
-        Job *j = NULL;
+static const ApiOption task_options[] = {
+        { "workdir", 's' }, { "name", 's' }, { "hostname", 's' }, { "cwd", 's' },
+        { "keep", 'b' }, { "host_network", 'b' }, { "timeout_sec", 'u' }, { "uid", 'u' }, { "gid", 'u' },
+        { "memory_max", 'u' }, { "pids_max", 'u' }, { "cpu_percent", 'u' },
+        { "io_read_bps", 'u' }, { "io_write_bps", 'u' }, { "io_read_iops", 'u' }, { "io_write_iops", 'u' },
+        { "io_weight", 'u' }, { "io_latency_us", 'u' }, {}
+};
+
+int task_check(const char *source, char **argv, const char *options, json_t **ret_opts, sd_bus_error *error) {
+        json_t *opts = NULL;
+        const char *workdir;
         size_t n = 0;
         int r;
 
-        r = sd_bus_message_read(message, "s", &source);
-        if (r >= 0)
-                r = sd_bus_message_read_strv(message, &argv);
-        if (r >= 0)
-                r = sd_bus_message_read(message, "s", &options);
-        if (r < 0)
-                goto fail;
         for (; argv && argv[n]; n++)
                 ;
-        if (!store_name_is_valid(source)) {
-                r = sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%.64s' is not a valid name.", source);
-                goto fail;
-        }
-        if (n == 0 || n > ARGS_MAX) {
-                r = sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Give a command of 1 to %d words.", ARGS_MAX);
-                goto fail;
-        }
-        r = api_parse_options(options, allowed, &opts, error);
-        if (r >= 0 && api_option_string(opts, "workdir", NULL) &&
-            (api_option_string(opts, "workdir", "")[0] != '/' || strstr(api_option_string(opts, "workdir", ""), "..")))
+        if (!store_name_is_valid(source))
+                return sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%.64s' is not a valid name.", source);
+        if (n == 0 || n > ARGS_MAX)
+                return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Give a command of 1 to %d words.",
+                                         ARGS_MAX);
+        r = api_parse_options(options, task_options, &opts, error);
+        if (r < 0)
+                return r;
+        workdir = api_option_string(opts, "workdir", NULL);
+        if (workdir && (workdir[0] != '/' || strstr(workdir, "..")))
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"workdir\" must be an absolute path "
                                       "without '..'.");
-        if (r >= 0 && api_option_uint(opts, "timeout_sec", 0) > 365 * 24 * 3600)
+        else if (api_option_uint(opts, "timeout_sec", 0) > 365 * 24 * 3600)
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"timeout_sec\" is too large.");
-        if (r >= 0)
-                r = manager_check_caller(message, error);
-        if (r < 0)
-                goto fail;
-
-        w = calloc(1, sizeof *w);
-        if (!w) {
-                r = -ENOMEM;
-                goto fail;
+        if (r < 0) {
+                json_decref(opts);
+                return r;
         }
-        w->argv = TAKE_PTR(argv);
+        *ret_opts = opts;
+        return 0;
+}
+
+int task_start(Manager *m, const char *source, char *const *argv, json_t *opts, bool in_source, Job **ret) {
+        TaskWork *w;
+        size_t n = 0;
+
+        for (; argv[n]; n++)
+                ;
+        w = calloc(1, sizeof *w);
+        if (!w)
+                return -ENOMEM;
+        w->argv = calloc(n + 1, sizeof *w->argv);
+        for (size_t i = 0; w->argv && i < n; i++)
+                w->argv[i] = strdup(argv[i]);
         w->source = strdup(source);
         w->workdir = dup_option(opts, "workdir");
         w->name = dup_option(opts, "name");
@@ -202,6 +200,7 @@ int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error
         w->cwd = dup_option(opts, "cwd");
         w->opts = (SandboxOptions) {
                 .source = w->source,
+                .in_source = in_source,
                 .name = w->name,
                 .shape = w->workdir ? SANDBOX_WORKDIR : SANDBOX_ROOT,
                 .workdir = w->workdir,
@@ -225,13 +224,34 @@ int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error
                         .io_latency_us = api_option_uint(opts, "io_latency_us", 0),
                 },
         };
-        if (!w->source) {
+        if (!w->source || !w->argv || (n > 0 && !w->argv[n - 1])) {
                 task_work_free(w);
                 return -ENOMEM;
         }
-        r = job_start(m, JOB_RUN, source, run_work, w, task_work_free, &j);
-        return reply_job(message, m, r, j, error);
-fail:
+        return job_start(m, JOB_RUN, source, run_work, w, task_work_free, ret);
+}
+
+int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_json_ json_t *opts = NULL;
+        Manager *m = userdata;
+        const char *source, *options;
+        char **argv = NULL;
+        Job *j = NULL;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &source);
+        if (r >= 0)
+                r = sd_bus_message_read_strv(message, &argv);
+        if (r >= 0)
+                r = sd_bus_message_read(message, "s", &options);
+        if (r >= 0)
+                r = task_check(source, argv, options, &opts, error);
+        if (r >= 0)
+                r = manager_check_caller(message, error);
+        if (r >= 0) {
+                r = task_start(m, source, argv, opts, false, &j);
+                r = reply_job(message, m, r, j, error);
+        }
         for (char **a = argv; a && *a; a++)
                 free(*a);
         free(argv);

@@ -47,6 +47,7 @@ typedef struct SandboxLimits {
 
 typedef struct SandboxOptions {
         const char *source;             /* the subvolume to snapshot */
+        bool in_source;                 /* run in source itself: no snapshot made or deleted */
         const char *name;               /* the snapshot's name; NULL: made up */
         SandboxShape shape;
         const char *workdir;            /* SANDBOX_WORKDIR: where the snapshot appears */

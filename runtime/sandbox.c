@@ -569,7 +569,9 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                          "not '/'");
                 return -EINVAL;
         }
-        if (opts->name)
+        if (opts->in_source)
+                snprintf(name, sizeof name, "%s", opts->source);
+        else if (opts->name)
                 snprintf(name, sizeof name, "%s", opts->name);
         else
                 snprintf(name, sizeof name, "sandbox-%d-%u", (int) getpid(), counter++);
@@ -578,7 +580,7 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                 return -EINVAL;
         }
 
-        r = store_subvolume_snapshot(s, opts->source, name, false);
+        r = opts->in_source ? 0 : store_subvolume_snapshot(s, opts->source, name, false);
         if (r < 0) {
                 snprintf(error_text, error_size, "cannot snapshot '%s' as '%s': %s", opts->source, name,
                          store_strerror(r) ? store_strerror(r) : strerror(-r));
@@ -588,7 +590,7 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
 
         r = run_task(s, opts, name, ret, error_text, error_size);
 
-        if (!opts->keep || r < 0) {
+        if (!opts->in_source && (!opts->keep || r < 0)) {
                 k = store_subvolume_delete(s, name, NULL);
                 if (k >= 0)
                         (void) store_reap_in_background(s);

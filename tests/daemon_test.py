@@ -104,13 +104,17 @@ class Daemon:
                                      stdout=open(self.log, 'a'), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            r = subprocess.run(['busctl', '--system', 'status', 'org.cowbox1'], env=env, capture_output=True)
-            if r.returncode == 0:
+            r = subprocess.run(['busctl', '--system', 'status', 'org.cowbox1'], env=env, capture_output=True,
+                               text=True)
+            # The name, and owned by this daemon (not one that is dying).
+            if r.returncode == 0 and f'PID={self.proc.pid}\n' in r.stdout:
                 return self
             if self.proc.poll() is not None:
                 break
             time.sleep(0.1)
-        t.fail(f'cowboxd did not take its bus name:\n{open(self.log).read()}')
+        owner = subprocess.run(['busctl', '--system', 'status', 'org.cowbox1'], env=env, capture_output=True,
+                               text=True).stdout
+        t.fail(f'cowboxd did not take its bus name:\n{open(self.log).read()}\nthe name is held by:\n{owner[:600]}')
 
     def kill(self, sig=signal.SIGKILL):
         self.proc.send_signal(sig)

@@ -95,6 +95,33 @@ def run():
             d.wait_for('the killed daemon\'s task to leave nothing', lambda: no_sandboxes_left(store))
             t.check_equal(d.names(bus), ['checkout'], 'what the restarted daemon reports')
 
+            # Sandboxes with a life of their own: their snapshot stays theirs
+            # between runs, a kill ends a run, a restart of the daemon
+            # marks a run that died with it, and rm leaves nothing.
+            d.cowbox(bus, 'sandbox', 'create', 'patch-a', '--image', 'checkout', '--pids-max', '64', '--',
+                     '/probe', 'mark', 'a')
+            d.cowbox(bus, 'sandbox', 'start', 'patch-a')
+            r = d.cowbox(bus, 'sandbox', 'wait', 'patch-a')
+            t.check_equal(r.out.split(), ['marks', 'a'], 'the first run of a sandbox')
+            d.cowbox(bus, 'sandbox', 'start', 'patch-a')
+            r = d.cowbox(bus, 'sandbox', 'wait', 'patch-a')
+            t.check_equal(r.out.split(), ['marks', 'a'], 'the second run sees the first one\'s change')
+            d.cowbox(bus, 'sandbox', 'create', 'patch-b', '--image', 'checkout', '--', '/probe', 'sleep', '60')
+            d.cowbox(bus, 'sandbox', 'start', 'patch-b')
+            d.cowbox(bus, 'sandbox', 'kill', 'patch-b')
+            r = d.cowbox(bus, 'sandbox', 'wait', 'patch-b', expect=None)
+            t.check(r.code != 0, f'waiting for a killed sandbox: {r.describe()}')
+            d.cowbox(bus, 'sandbox', 'start', 'patch-b')
+            time.sleep(1)
+            daemon.kill(signal.SIGKILL)
+            daemon.start()
+            states = {b['name']: b['state'] for b in json.loads(d.cowbox(bus, '--json', 'sandbox', 'list').out)}
+            t.check_equal(states, {'patch-a': 'exited', 'patch-b': 'failed'}, 'sandboxes after kill -9 of the daemon')
+            for name in ('patch-a', 'patch-b'):
+                d.cowbox(bus, 'sandbox', 'rm', name)
+            d.wait_for('the sandboxes to leave nothing', lambda: no_sandboxes_left(store) and not any(
+                n.startswith('sbx-') for n in store.names()))
+
             # Everything goes, and the space comes back.
             d.cowbox(bus, 'image', 'rm', 'checkout')
             deadline = time.monotonic() + 60

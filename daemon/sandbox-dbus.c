@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: LGPL-2.1-or-later */
+
+/*
+ * Sandboxes with a life of their own: created (a snapshot of an image that
+ * belongs to the sandbox, and the command with its limits), started (a
+ * job that runs the command in that snapshot), waited for, killed and
+ * deleted (with the snapshot: nothing is left behind). The list is kept in
+ * a JSON file next to the store, so that after a restart of the daemon a
+ * sandbox whose task was running is known to have died.
+ */
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "cleanup.h"
+#include "manager.h"
+#include "string-util.h"
+#include "workspace.h"
+
+#define _cleanup_json_ _cleanup_(json_decrefp)
+#define SANDBOX_PREFIX "sbx-"
+#define WAITERS_MAX 16
+
+struct Sandbox {
+        char *name;
+        char *image;
+        json_t *command;        /* array of strings */
+        json_t *options;        /* object */
+        char *state;            /* created, running, exited, failed, killed */
+        json_t *result;         /* of the last run, or NULL */
+        uint32_t job;
+        sd_bus_message *waiters[WAITERS_MAX];
+        size_t n_waiters;
+        struct Sandbox *next;
+};
+
+static char *state_file(Manager *m) {
+        char *path;
+
+        return asprintf(&path, "%s-sandboxes/.sandboxes.json", m->store_path) < 0 ? NULL : path;
+}
+
+static int save(Manager *m) {
+        _cleanup_free_ char *path = state_file(m), *tmp = NULL;
+        _cleanup_json_ json_t *list = json_array();
+        int r = 0;
+
+        if (!path || !list || asprintf(&tmp, "%s.tmp", path) < 0)
+                return -ENOMEM;
+        for (Sandbox *b = m->sandboxes; b; b = b->next)
+                json_array_append_new(list, json_pack("{s:s, s:s, s:O, s:O, s:s, s:O?}", "name", b->name,
+                                                      "image", b->image, "command", b->command,
+                                                      "options", b->options, "state", b->state,
+                                                      "result", b->result));
+        if (json_dump_file(list, tmp, JSON_INDENT(2)) < 0 || rename(tmp, path) < 0)
+                r = -EIO;
+        if (r < 0)
+                (void) unlink(tmp);
+        return r;
+}
+
+static Sandbox *sandbox_free(Sandbox *b) {
+        if (!b)
+                return NULL;
+        for (size_t i = 0; i < b->n_waiters; i++)
+                sd_bus_message_unref(b->waiters[i]);
+        free(b->name);
+        free(b->image);
+        free(b->state);
+        json_decref(b->command);
+        json_decref(b->options);
+        json_decref(b->result);
+        free(b);
+        return NULL;
+}
+
+void manager_free_sandboxes(Manager *m) {
+        while (m->sandboxes) {
+                Sandbox *next = m->sandboxes->next;
+
+                sandbox_free(m->sandboxes);
+                m->sandboxes = next;
+        }
+}
+
+static int set_state(Sandbox *b, const char *state) {
+        char *s = strdup(state);
+
+        if (!s)
+                return -ENOMEM;
+        free(b->state);
+        b->state = s;
+        return 0;
+}
+
+int manager_load_sandboxes(Manager *m) {
+        _cleanup_free_ char *path = state_file(m), *dir = NULL;
+        json_t *list, *v;
+        size_t i;
+
+        if (!path || asprintf(&dir, "%s-sandboxes", m->store_path) < 0)
+                return -ENOMEM;
+        (void) mkdir(dir, 0755);
+        list = json_load_file(path, 0, NULL);
+        json_array_foreach(list, i, v) {
+                Sandbox *b = calloc(1, sizeof *b);
+                const char *state = json_string_value(json_object_get(v, "state"));
+
+                if (!b)
+                        break;
+                b->name = strdup(json_string_value(json_object_get(v, "name")) ?: "");
+                b->image = strdup(json_string_value(json_object_get(v, "image")) ?: "");
+                b->command = json_incref(json_object_get(v, "command"));
+                b->options = json_incref(json_object_get(v, "options"));
+                b->result = json_incref(json_object_get(v, "result"));
+                /* Its job died with the daemon that ran it. */
+                b->state = strdup(state && !streq(state, "running") ? state : "failed");
+                if (!b->name || !b->image || !b->state || !json_is_array(b->command) || !json_is_object(b->options)) {
+                        sandbox_free(b);
+                        continue;
+                }
+                b->next = m->sandboxes;
+                m->sandboxes = b;
+        }
+        json_decref(list);
+        return save(m);
+}
+
+static Sandbox *find(Manager *m, const char *name, sd_bus_error *error) {
+        for (Sandbox *b = m->sandboxes; b; b = b->next)
+                if (streq(b->name, name))
+                        return b;
+        sd_bus_error_setf(error, API_ERROR_NO_SUCH_SANDBOX, "There is no sandbox named '%.64s'; ListSandboxes "
+                          "names them.", name);
+        return NULL;
+}
+
+static json_t *sandbox_to_json(const Sandbox *b) {
+        return json_pack("{s:s, s:s, s:O, s:O, s:s, s:s+, s:i, s:O?}", "name", b->name, "image", b->image,
+                         "command", b->command, "options", b->options, "state", b->state,
+                         "snapshot", SANDBOX_PREFIX, b->name, "job", (int) b->job, "result", b->result);
+}
+
+static void reply_waiters(Sandbox *b) {
+        _cleanup_free_ char *text = NULL;
+        json_t *doc = sandbox_to_json(b);
+
+        text = api_json_text(doc);
+        json_decref(doc);
+        for (size_t i = 0; i < b->n_waiters; i++) {
+                if (text)
+                        (void) sd_bus_reply_method_return(b->waiters[i], "s", text);
+                b->waiters[i] = sd_bus_message_unref(b->waiters[i]);
+        }
+        b->n_waiters = 0;
+}
+
+void manager_sandbox_job_finished(Manager *m, Job *j) {
+        for (Sandbox *b = m->sandboxes; b; b = b->next) {
+                if (b->job != j->id || !streq(b->state, "running"))
+                        continue;
+                json_decref(b->result);
+                b->result = j->result ? json_loads(j->result, 0, NULL) : NULL;
+                (void) set_state(b, j->state == JOB_DONE ? "exited" : j->state == JOB_CANCELLED ? "killed" : "failed");
+                (void) save(m);
+                reply_waiters(b);
+        }
+}
+
+int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_json_ json_t *opts = NULL, *doc = NULL;
+        _cleanup_free_ char *snapshot = NULL;
+        Manager *m = userdata;
+        const char *name, *image, *options;
+        char **argv = NULL;
+        Sandbox *b = NULL;
+        int r;
+
+        r = sd_bus_message_read(message, "ss", &name, &image);
+        if (r >= 0)
+                r = sd_bus_message_read_strv(message, &argv);
+        if (r >= 0)
+                r = sd_bus_message_read(message, "s", &options);
+        if (r >= 0 && !workspace_name_is_valid(name))
+                r = sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%.64s' is not a valid name: up to 64 letters, "
+                                      "digits, '.', '_' and '-'.", name);
+        if (r >= 0)
+                r = task_check(image, argv, options, &opts, error);
+        if (r >= 0)
+                r = manager_check_caller(message, error);
+        if (r >= 0 && find(m, name, error)) {
+                sd_bus_error_free(error);
+                r = sd_bus_error_setf(error, API_ERROR_NAME_TAKEN, "A sandbox named '%s' exists already.", name);
+        } else if (r >= 0)
+                sd_bus_error_free(error);
+        if (r >= 0 && asprintf(&snapshot, SANDBOX_PREFIX "%s", name) < 0)
+                r = -ENOMEM;
+        if (r >= 0) {
+                r = store_subvolume_snapshot(m->store, image, snapshot, false);
+                if (r == -ENOENT)
+                        r = store_error_reply(r, image, error);
+                else if (r < 0)
+                        r = store_error_reply(r, snapshot, error);
+        }
+        if (r >= 0) {
+                b = calloc(1, sizeof *b);
+                r = b ? 0 : -ENOMEM;
+        }
+        if (r >= 0) {
+                b->name = strdup(name);
+                b->image = strdup(image);
+                b->state = strdup("created");
+                b->command = json_array();
+                for (char **a = argv; a && *a; a++)
+                        json_array_append_new(b->command, json_string(*a));
+                b->options = json_incref(opts);
+                b->next = m->sandboxes;
+                m->sandboxes = b;
+                r = save(m);
+                doc = sandbox_to_json(b);
+                if (r >= 0)
+                        r = api_reply_json(message, doc);
+        }
+        for (char **a = argv; a && *a; a++)
+                free(*a);
+        free(argv);
+        return r;
+}
+
+int method_start_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_free_ char *snapshot = NULL;
+        _cleanup_free_ char **argv = NULL;
+        Manager *m = userdata;
+        const char *name;
+        Sandbox *b;
+        Job *j = NULL;
+        size_t n, i;
+        json_t *v;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &name);
+        if (r < 0)
+                return r;
+        b = find(m, name, error);
+        if (!b)
+                return -ENOENT;
+        r = manager_check_caller(message, error);
+        if (r < 0)
+                return r;
+        if (streq(b->state, "running"))
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "Sandbox '%s' is running already.", name);
+        n = json_array_size(b->command);
+        argv = calloc(n + 1, sizeof *argv);
+        if (!argv || asprintf(&snapshot, SANDBOX_PREFIX "%s", name) < 0)
+                return -ENOMEM;
+        json_array_foreach(b->command, i, v)
+                argv[i] = (char *) json_string_value(v);
+        r = task_start(m, snapshot, argv, b->options, true, &j);
+        if (r >= 0) {
+                b->job = j->id;
+                (void) set_state(b, "running");
+                (void) save(m);
+        }
+        return reply_job(message, m, r, j, error);
+}
+
+int method_wait_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_json_ json_t *doc = NULL;
+        Manager *m = userdata;
+        const char *name;
+        Sandbox *b;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &name);
+        if (r < 0)
+                return r;
+        b = find(m, name, error);
+        if (!b)
+                return -ENOENT;
+        if (!streq(b->state, "running")) {
+                doc = sandbox_to_json(b);
+                return api_reply_json(message, doc);
+        }
+        if (b->n_waiters == WAITERS_MAX)
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "Too many callers wait for sandbox '%s'.", name);
+        /* The reply goes when the task ends. */
+        b->waiters[b->n_waiters++] = sd_bus_message_ref(message);
+        return 1;
+}
+
+int method_kill_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        Manager *m = userdata;
+        const char *name;
+        Sandbox *b;
+        Job *j;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &name);
+        if (r < 0)
+                return r;
+        b = find(m, name, error);
+        if (!b)
+                return -ENOENT;
+        r = manager_check_caller(message, error);
+        if (r < 0)
+                return r;
+        j = streq(b->state, "running") ? manager_find_job(m, b->job) : NULL;
+        if (!j || job_cancel(j) < 0)
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "Sandbox '%s' is not running.", name);
+        return sd_bus_reply_method_return(message, NULL);
+}
+
+int method_delete_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_free_ char *snapshot = NULL;
+        Manager *m = userdata;
+        const char *name;
+        Sandbox *b;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &name);
+        if (r < 0)
+                return r;
+        b = find(m, name, error);
+        if (!b)
+                return -ENOENT;
+        r = manager_check_caller(message, error);
+        if (r < 0)
+                return r;
+        if (streq(b->state, "running"))
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "Sandbox '%s' is running: kill it first.", name);
+        if (asprintf(&snapshot, SANDBOX_PREFIX "%s", name) < 0)
+                return -ENOMEM;
+        /* A task that died with a daemon may still be on its way out,
+         * its snapshot's server with it: give it a moment. */
+        for (unsigned i = 0; (r = store_subvolume_delete(m->store, snapshot, NULL)) == -EBUSY && i < 100; i++)
+                (void) usleep(100 * 1000);
+        if (r < 0 && r != -ENOENT)
+                return store_error_reply(r, snapshot, error);
+        for (Sandbox **p = &m->sandboxes; *p; p = &(*p)->next)
+                if (*p == b) {
+                        *p = b->next;
+                        break;
+                }
+        sandbox_free(b);
+        (void) save(m);
+        manager_reap_soon(m);
+        return sd_bus_reply_method_return(message, NULL);
+}
+
+int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_json_ json_t *list = json_array();
+        Manager *m = userdata;
+
+        for (Sandbox *b = m->sandboxes; b; b = b->next)
+                json_array_append_new(list, sandbox_to_json(b));
+        return api_reply_json(message, list);
+}
