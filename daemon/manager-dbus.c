@@ -604,6 +604,16 @@ static int method_scrub(sd_bus_message *message, void *userdata, sd_bus_error *e
         return reply_job(message, userdata, r, j, error);
 }
 
+int manager_start_reap(Manager *m, Job **ret) {
+        Job *j = NULL;
+        int r;
+
+        r = job_start(m, JOB_REAP, NULL, reap_work, NULL, NULL, &j);
+        if (r >= 0 && ret)
+                *ret = j;
+        return r;
+}
+
 static int method_reap(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         Job *j = NULL;
         int r;
@@ -611,7 +621,7 @@ static int method_reap(sd_bus_message *message, void *userdata, sd_bus_error *er
         r = manager_check_caller(message, error);
         if (r < 0)
                 return r;
-        r = job_start(userdata, JOB_REAP, NULL, reap_work, NULL, NULL, &j);
+        r = manager_start_reap(userdata, &j);
         return reply_job(message, userdata, r, j, error);
 }
 

@@ -51,8 +51,12 @@ Manager *manager_free(Manager *m) {
 }
 
 void manager_reap_soon(Manager *m) {
-        /* The reaper is a process of its own, at the store's reaper rate. */
-        (void) store_reap_in_background(m->store);
+        /* A reap job (its worker keeps no bus connection of the daemon),
+         * unless one runs already: it reaps what comes meanwhile too. */
+        for (Job *j = m->jobs; j; j = j->next)
+                if (j->type == JOB_REAP && j->state == JOB_RUNNING)
+                        return;
+        (void) manager_start_reap(m, NULL);
 }
 
 void manager_recover(Manager *m) {

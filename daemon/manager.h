@@ -86,6 +86,7 @@ int manager_run(Manager *m);
  * and lets the reaper free what they and deleted subvolumes hold. */
 void manager_recover(Manager *m);
 void manager_reap_soon(Manager *m);
+int manager_start_reap(Manager *m, Job **ret);
 
 /* Checks that the caller may change things: root, or a member of the
  * cowbox group. Sets an AccessDenied error otherwise. */

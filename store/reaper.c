@@ -644,9 +644,6 @@ int store_reap_in_background(Store *s) {
                                 (void) close(null);
                         }
                 }
-                /* None of the caller's files: a daemon's bus connection kept
-                 * open here would outlive the daemon. */
-                (void) close_range(3, ~0U, 0);
                 if (store_open(s->path, &t) < 0)
                         _exit(EXIT_FAILURE);
                 (void) store_reap(t, true, NULL, NULL);

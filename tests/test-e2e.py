@@ -76,8 +76,11 @@ def run():
             # A cancelled task.
             client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
                                       env=dict(os.environ, **bus.env), stderr=subprocess.PIPE, text=True)
-            d.wait_for('the task to start', lambda: json.loads(d.cowbox(bus, 'jobs').out))
-            job = json.loads(d.cowbox(bus, 'jobs').out)[0]
+            def run_jobs():
+                return [j for j in json.loads(d.cowbox(bus, 'jobs').out) if j['type'] == 'run']
+
+            d.wait_for('the task to start', run_jobs)
+            job = run_jobs()[0]
             d.cowbox(bus, 'cancel', str(job['id']))
             _, err = client.communicate(timeout=60)
             t.check(client.returncode != 0, f'a cancelled task\'s client: {client.returncode} {err}')
