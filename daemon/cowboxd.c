@@ -24,6 +24,9 @@ static void help(void) {
                "Options:\n"
                "  --store DIR   the store (default: $COWBOX_STORE, else " STORE_DEFAULT_PATH ")\n"
                "  --init        create the store if DIR holds none\n"
+               "  --reap-low-mark PERCENT   below this much free disk, the reaper works at full\n"
+               "                speed (default 10)\n"
+               "  --reap-high-mark PERCENT  ... until this much is free again (default 20)\n"
                "  --help        show this help\n"
                "  --version     show the version\n"
                "\n"
@@ -35,6 +38,8 @@ int main(int argc, char *argv[]) {
         static const struct option options[] = {
                 { "store",   required_argument, NULL, 's' },
                 { "init",    no_argument,       NULL, 'i' },
+                { "reap-low-mark", required_argument, NULL, 'l' },
+                { "reap-high-mark", required_argument, NULL, 'H' },
                 { "help",    no_argument,       NULL, 'h' },
                 { "version", no_argument,       NULL, 'v' },
                 {}
@@ -42,6 +47,7 @@ int main(int argc, char *argv[]) {
         const char *store = getenv("COWBOX_STORE");
         Manager *m = NULL;
         bool init = false;
+        long low = 10, high = 20;
         int c, r;
 
         while ((c = getopt_long(argc, argv, "h", options, NULL)) >= 0)
@@ -52,6 +58,22 @@ int main(int argc, char *argv[]) {
                 case 'i':
                         init = true;
                         break;
+                case 'l':
+                case 'H': {
+                        char *end = NULL;
+                        long v = strtol(optarg, &end, 10);
+
+                        if (!end || *end || v < 0 || v > 100) {
+                                fprintf(stderr, "cowboxd: --reap-low-mark and --reap-high-mark take a percent of "
+                                        "the disk, 0 to 100\n");
+                                return 2;
+                        }
+                        if (c == 'l')
+                                low = v;
+                        else
+                                high = v;
+                        break;
+                }
                 case 'h':
                         help();
                         return EXIT_SUCCESS;
@@ -82,6 +104,8 @@ int main(int argc, char *argv[]) {
                         r == -ENOENT ? " (create it with --init)" : "");
                 return EXIT_FAILURE;
         }
+        m->low_mark = (unsigned) low;
+        m->high_mark = (unsigned) (high > low ? high : low);
         r = manager_start(m);
         if (r < 0) {
                 fprintf(stderr, "cowboxd: cannot serve on the bus: %s%s\n", strerror(-r),

@@ -17,6 +17,7 @@
 #include "cleanup.h"
 #include "images.h"
 #include "manager.h"
+#include "runtime.h"
 
 #define _cleanup_json_ _cleanup_(json_decrefp)
 
@@ -122,13 +123,15 @@ static int method_get_status(sd_bus_message *message, void *userdata, sd_bus_err
                 return r;
         for (Job *j = m->jobs; j; j = j->next)
                 json_array_append_new(jobs, job_to_json(j));
-        status = json_pack("{s:s, s:s, s:o, s:{s:b, s:I, s:I}, s:O}",
+        status = json_pack("{s:s, s:s, s:o, s:{s:b, s:I, s:I, s:i, s:i, s:b}, s:O}",
                            "store", m->store_path,
                            "version", COWBOX_VERSION,
                            "usage", api_usage_to_json(&usage),
                            "reaper", "paused", reaper.paused,
                            "rate_bytes_per_sec", (json_int_t) reaper.rate_bytes_per_sec,
                            "backlog_bytes", (json_int_t) usage.reclaimable_bytes,
+                           "low_mark_percent", (int) m->low_mark, "high_mark_percent", (int) m->high_mark,
+                           "urgent", m->urgent,
                            "jobs", jobs);
         return api_reply_json(message, status);
 }
@@ -576,21 +579,35 @@ static json_t *scrub_work(Store *s, void *userdata, int *ret_error, char **ret_e
 
 static json_t *reap_work(Store *s, void *userdata, int *ret_error, char **ret_error_text,
                          void (*progress)(uint64_t, uint64_t)) {
+        const SandboxLimits low = { .io_weight = REAPER_IO_WEIGHT };
+        json_t *unapplied = json_array();
         StoreReapStats stats = {};
+        char **not_applied = NULL;
         int r;
+
+        /* The reaper gives way to the foreground: a cgroup of its own at a
+         * low I/O weight, where the host has one. */
+        (void) runtime_enter_cgroup("reaper", &low, store_path(s), &not_applied);
+        for (char **p = not_applied; p && *p; p++) {
+                json_array_append_new(unapplied, json_string(*p));
+                free(*p);
+        }
+        free(not_applied);
 
         r = store_reap(s, true, &stats, NULL);
         if (r < 0 && r != -EAGAIN) {
                 *ret_error = r;
                 return NULL;
         }
-        return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I}",
+        return json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:i, s:o}",
                          "paused", r == -EAGAIN,
                          "subvolumes_forgotten", (json_int_t) stats.subvolumes_forgotten,
                          "layers_dropped", (json_int_t) stats.layers_dropped,
                          "layers_folded", (json_int_t) stats.layers_folded,
                          "blocks_freed", (json_int_t) stats.blocks_freed,
-                         "bytes_freed", (json_int_t) stats.bytes_freed);
+                         "bytes_freed", (json_int_t) stats.bytes_freed,
+                         "io_weight", REAPER_IO_WEIGHT,
+                         "not_applied", unapplied);
 }
 
 static int method_scrub(sd_bus_message *message, void *userdata, sd_bus_error *error) {

@@ -20,6 +20,8 @@ int manager_new(const char *store_path, Manager **ret) {
         m = calloc(1, sizeof *m);
         if (!m)
                 return -ENOMEM;
+        m->low_mark = 10;
+        m->high_mark = 20;
         m->store_path = strdup(store_path);
         if (!m->store_path) {
                 free(m);
@@ -149,6 +151,43 @@ void manager_job_finished(Manager *m, Job *j) {
         }
 }
 
+#define SPACE_WATCH_USEC (5 * 1000 * 1000)
+
+/* Below the low mark of free space, the reaper's rate bound is lifted and
+ * a reap started; at the high mark (or with nothing left to free), the
+ * bound comes back. */
+static void watch_space(Manager *m) {
+        StoreReaperSettings settings;
+        StoreUsage u;
+        unsigned free_percent;
+
+        if (store_usage(m->store, &u) < 0 || u.fs_total_bytes == 0 ||
+            store_reaper_settings(m->store, &settings) < 0)
+                return;
+        free_percent = (unsigned) (u.fs_free_bytes * 100 / u.fs_total_bytes);
+        if (free_percent < m->low_mark && u.reclaimable_bytes > 0) {
+                if (!m->urgent) {
+                        m->urgent = true;
+                        m->saved_rate = settings.rate_bytes_per_sec;
+                        (void) store_reaper_set_rate(m->store, 0);
+                }
+                manager_reap_soon(m);
+        } else if (m->urgent && (free_percent >= m->high_mark || u.reclaimable_bytes == 0)) {
+                m->urgent = false;
+                (void) store_reaper_set_rate(m->store, m->saved_rate);
+        }
+}
+
+static int on_space_watch(sd_event_source *s, uint64_t usec, void *userdata) {
+        int r;
+
+        watch_space(userdata);
+        r = sd_event_source_set_time_relative(s, SPACE_WATCH_USEC);
+        if (r < 0)
+                return r;
+        return sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
+}
+
 static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void *userdata) {
         Manager *m = userdata;
 
@@ -201,7 +240,9 @@ int manager_start(Manager *m) {
                 return r;
 
         manager_recover(m);
-        r = manager_start_workspaces(m);
+        r = sd_event_add_time_relative(m->event, NULL, CLOCK_MONOTONIC, SPACE_WATCH_USEC, 0, on_space_watch, m);
+        if (r >= 0)
+                r = manager_start_workspaces(m);
         if (r >= 0)
                 r = manager_load_sandboxes(m);
         if (r < 0)

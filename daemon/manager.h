@@ -18,6 +18,8 @@
 #include "workspace.h"
 
 #define JOBS_MAX 64
+/* Of 1..10000 (v2) or 1..1000 (v1): the foreground's default is 100. */
+#define REAPER_IO_WEIGHT 10
 
 typedef struct Manager Manager;
 typedef struct Sandbox Sandbox;
@@ -75,6 +77,12 @@ struct Manager {
         uint32_t next_job_id;
         Workspaces workspaces;
         Sandbox *sandboxes;
+
+        /* Free space of the disk, in percent: below the low mark the
+         * reaper works at full speed until the high mark is reached. */
+        unsigned low_mark, high_mark;
+        bool urgent;
+        uint64_t saved_rate;
 };
 
 int manager_new(const char *store_path, Manager **ret);

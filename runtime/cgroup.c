@@ -173,9 +173,10 @@ static uint64_t keyed_value(const char *text, const char *key) {
 int cgroup_create(Cgroup *cg, const char *name) {
         char *mounts[_CG_MAX] = {}, *own[_CG_MAX] = {};
         _cleanup_free_ char *controllers = NULL;
+        bool reuse = cg->reuse;
         int r = 0;
 
-        *cg = (Cgroup) {};
+        *cg = (Cgroup) { .reuse = reuse };
         find_mounts(mounts);
         find_own(own);
 
@@ -189,7 +190,8 @@ int cgroup_create(Cgroup *cg, const char *name) {
                         r = -ENOMEM;
                         break;
                 }
-                if ((mkdir(parent, 0755) < 0 && errno != EEXIST) || mkdir(cg->path[c], 0755) < 0) {
+                if ((mkdir(parent, 0755) < 0 && errno != EEXIST) ||
+                    (mkdir(cg->path[c], 0755) < 0 && !(errno == EEXIST && cg->reuse))) {
                         if (c == CG_UNIFIED)
                                 not_applied(cg, "cgroup v2: cannot make %s: %m", cg->path[c]);
                         free(cg->path[c]);
@@ -491,4 +493,25 @@ dev_t block_device_of(const char *path) {
         }
         free(text);
         return makedev(maj, min);
+}
+
+int runtime_enter_cgroup(const char *name, const SandboxLimits *limits, const char *path, char ***ret_not_applied) {
+        Cgroup cg = { .reuse = true };
+        int r;
+
+        r = cgroup_create(&cg, name);
+        if (r >= 0) {
+                cgroup_apply(&cg, limits, block_device_of(path));
+                r = cgroup_attach(&cg, getpid());
+        }
+        if (ret_not_applied) {
+                *ret_not_applied = cg.not_applied;
+                cg.not_applied = NULL;
+        }
+        for (size_t i = 0; cg.not_applied && i < cg.n_not_applied; i++)
+                free(cg.not_applied[i]);
+        free(cg.not_applied);
+        for (unsigned c = 0; c < _CG_MAX; c++)
+                free(cg.path[c]);
+        return r;
 }

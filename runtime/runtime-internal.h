@@ -29,6 +29,7 @@ typedef struct Cgroup {
         unsigned io_version;
         char **not_applied;
         size_t n_not_applied;
+        bool reuse;             /* set before cgroup_create: an existing cgroup is fine */
 } Cgroup;
 
 int cgroup_create(Cgroup *cg, const char *name);

@@ -96,6 +96,12 @@ typedef struct SandboxResult {
 
 void sandbox_result_clear(SandboxResult *r);
 
+/* Moves the calling process into the cgroup NAME (made if missing) below
+ * its own, with the limits given (I/O on the device of path): for
+ * background work such as the reaper, at a low I/O weight. What the host
+ * could not apply is in *ret_not_applied (NULL-terminated, or NULL). */
+int runtime_enter_cgroup(const char *name, const SandboxLimits *limits, const char *path, char ***ret_not_applied);
+
 /* Runs a task to its end. The snapshot is deleted and handed to a
  * background reaper unless opts->keep. Returns 0 once the task ran (its own
  * failure is in the result), a negative errno if the sandbox could not be

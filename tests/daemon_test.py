@@ -92,15 +92,16 @@ class Bus:
 
 
 class Daemon:
-    def __init__(self, store, bus):
+    def __init__(self, store, bus, args=()):
         self.store = store
         self.bus = bus
+        self.args = list(args)
         self.proc = None
         self.log = os.path.join(store.tmp, 'cowboxd.log')
 
     def start(self):
         env = dict(os.environ, **self.bus.env)
-        self.proc = subprocess.Popen([daemon_exe(), '--store', self.store.path], env=env,
+        self.proc = subprocess.Popen([daemon_exe(), '--store', self.store.path] + self.args, env=env,
                                      stdout=open(self.log, 'a'), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -131,9 +132,9 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def bus_and_daemon(store, policy='contrib'):
+def bus_and_daemon(store, policy='contrib', args=()):
     bus = Bus(store, policy)
-    daemon = Daemon(store, bus)
+    daemon = Daemon(store, bus, args)
     try:
         daemon.start()
         yield bus, daemon

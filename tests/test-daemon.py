@@ -195,6 +195,28 @@ def check_crash_while_reaping(bus, daemon, store):
     store.fsck()
 
 
+def check_reaper_marks(store):
+    """With less free space than the low mark, the reaper's rate bound is
+    lifted until the space is back; the reaper runs at a low I/O weight."""
+    with d.bus_and_daemon(store, args=['--reap-low-mark', '100', '--reap-high-mark', '100']) as (bus, daemon):
+        store.run('reap', '--rate', '1')     # a byte a second: it would take forever
+        for i in range(2):
+            d.cowbox(bus, 'image', 'receive', '-f', os.path.join(CORPUS, 'btrfs-v1-full'), f'marks{i}')
+        store.run('reap', '--pause')
+        for i in range(2):
+            d.cowbox(bus, 'image', 'rm', f'marks{i}')
+        store.run('reap', '--resume')
+        d.wait_for('the reaper to free the space below the low mark',
+                   lambda: store.usage()['reclaimable_bytes'] == 0, timeout=60)
+        d.wait_for('the rate bound to come back', lambda: not d.gdbus_json(bus, 'GetStatus')['reaper']['urgent'])
+        status = d.gdbus_json(bus, 'GetStatus')['reaper']
+        t.check_equal(status['rate_bytes_per_sec'], 1, 'the reaper\'s rate once the space is back')
+        r = json.loads(d.cowbox(bus, '--json', 'reap').out)
+        t.check_equal(r['io_weight'], 10, 'the reaper\'s I/O weight')
+        print(f'reaper cgroup: weight 10, not applied: {r["not_applied"]}', flush=True)
+        store.run('reap', '--rate', '0')
+
+
 def check_access(bus_contrib, store):
     nobody = d.ensure_user('cowbox-test-user')
     member = d.ensure_user('cowbox-test-member', groups=['cowbox'])
@@ -239,6 +261,7 @@ def run():
             check_crash_while_reaping(bus, daemon, store)
             nobody = check_access(bus, store)
         check_daemon_refuses(store, nobody)
+        check_reaper_marks(store)
 
         # Everything goes; the reaper gives the space back.
         with d.bus_and_daemon(store) as (bus, daemon):
