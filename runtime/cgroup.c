@@ -281,8 +281,19 @@ static void apply_io_v1(Cgroup *cg, const SandboxLimits *l, dev_t dev) {
                 snprintf(v, sizeof v, "%" PRIu64, MIN(l->io_weight, (uint64_t) 1000));
                 if (!file_exists(dir, file))
                         not_applied(cg, "I/O weight: neither blkio.weight nor blkio.bfq.weight exists");
-                else
+                else {
+                        char queue[64];
+                        char *scheduler;
+
                         apply_value(cg, dir, file, v, "I/O weight");
+                        /* BFQ's weight counts only where BFQ schedules. */
+                        snprintf(queue, sizeof queue, "/sys/dev/block/%u:%u/queue", major(dev), minor(dev));
+                        scheduler = read_file(queue, "scheduler");
+                        if (streq(file, "blkio.bfq.weight") && scheduler && !strstr(scheduler, "[bfq]"))
+                                not_applied(cg, "I/O weight: set, but the disk's scheduler is not bfq, so it "
+                                            "has no effect (echo bfq > %s/scheduler)", queue);
+                        free(scheduler);
+                }
         }
         if (l->io_latency_us)
                 not_applied(cg, "I/O latency: needs the io controller of cgroup v2, which this host lacks");
