@@ -141,6 +141,17 @@ static int verb_run(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                                 return report_usage_error(cmd, "--timeout takes a number of seconds, not '%s'", optarg);
                         opts.timeout_usec = v * 1000000;
                         break;
+                case ARG_USERNS: {
+                        uid_t base;
+                        gid_t size;
+
+                        if (parse_user(optarg, &base, &size) < 0 || base == 0)
+                                return report_usage_error(cmd, "--user-namespace takes BASE[:SIZE], BASE above 0, "
+                                                          "not '%s'", optarg);
+                        opts.userns_base = base;
+                        opts.userns_size = strchr(optarg, ':') ? (uint32_t) size : 65536;
+                        break;
+                }
                 case ARG_USER:
                         if (parse_user(optarg, &opts.uid, &opts.gid) < 0)
                                 return report_usage_error(cmd, "--user takes UID or UID:GID, not '%s'", optarg);
@@ -219,6 +230,8 @@ const Command command_run = {
                 { ARG_IO_WEIGHT, "io-weight", "N", "proportional I/O weight" },
                 { ARG_IO_LATENCY, "io-latency-us", "N", "I/O latency target (cgroup v2)" },
                 { ARG_USER, "user", "UID[:GID]", "run the task as this user" },
+                { ARG_USERNS, "user-namespace", "BASE[:SIZE]", "a user namespace: IDs 0.. inside are BASE..\n"
+                  "outside (SIZE 65536 by default)" },
                 { ARG_CWD, "cwd", "DIR", "the task's working directory" },
                 { ARG_HOSTNAME, "hostname", "NAME", "the sandbox's hostname" },
                 { ARG_HOST_NETWORK, "host-network", NULL, "use the host's network" },

@@ -87,6 +87,7 @@ enum {
         ARG_ALLOW_SYSCALL,
         ARG_KEEP_CAP,
         ARG_KILL_ON_REFUSAL,
+        ARG_USERNS,
 };
 
 /* An option of one command: its id (a short letter, or an ARG_* value for a

@@ -148,7 +148,7 @@ static const ApiOption task_options[] = {
         { "keep", 'b' }, { "host_network", 'b' }, { "timeout_sec", 'u' }, { "uid", 'u' }, { "gid", 'u' },
         { "memory_max", 'u' }, { "pids_max", 'u' }, { "cpu_percent", 'u' },
         { "io_read_bps", 'u' }, { "io_write_bps", 'u' }, { "io_read_iops", 'u' }, { "io_write_iops", 'u' },
-        { "io_weight", 'u' }, { "io_latency_us", 'u' }, {}
+        { "io_weight", 'u' }, { "io_latency_us", 'u' }, { "userns_base", 'u' }, { "userns_size", 'u' }, {}
 };
 
 int task_check(const char *source, char **argv, const char *options, json_t **ret_opts, sd_bus_error *error) {
@@ -210,6 +210,9 @@ int task_start(Manager *m, const char *source, char *const *argv, json_t *opts, 
                 .uid = (uid_t) api_option_uint(opts, "uid", 0),
                 .gid = (gid_t) api_option_uint(opts, "gid", api_option_uint(opts, "uid", 0)),
                 .host_network = api_option_bool(opts, "host_network", false),
+                .userns_base = (uid_t) api_option_uint(opts, "userns_base", 0),
+                .userns_size = api_option_uint(opts, "userns_base", 0) > 0 ?
+                               (uint32_t) api_option_uint(opts, "userns_size", 65536) : 0,
                 .keep = api_option_bool(opts, "keep", false),
                 .timeout_usec = api_option_uint(opts, "timeout_sec", 0) * 1000000,
                 .limits = {

@@ -58,6 +58,12 @@ typedef struct SandboxOptions {
         gid_t gid;
         const char *hostname;           /* NULL: the snapshot's name */
         bool host_network;              /* else a network namespace with loopback only */
+
+        /* A user namespace: the sandbox's IDs 0..userns_size-1 are the
+         * host's userns_base.. (the snapshot's files appear as the
+         * sandbox's root's). 0 for none. */
+        uid_t userns_base;
+        uint32_t userns_size;
         bool keep;                      /* keep the snapshot afterwards */
         uint64_t timeout_usec;          /* 0: none */
         const char *stdout_path;        /* NULL: the caller's */

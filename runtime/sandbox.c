@@ -277,7 +277,8 @@ static void init_main(const Plan *p) {
 /* ---- in the caller ---- */
 
 /* Starts the FUSE server of the snapshot in the sandbox's I/O cgroup. */
-static int start_server(Store *s, const char *name, const char *mountpoint, const Cgroup *cg, pid_t *ret) {
+static int start_server(Store *s, const char *name, const char *mountpoint, const Cgroup *cg,
+                        uid_t userns_base, pid_t *ret) {
         _cleanup_close_ int rfd = -EBADF;
         int fds[2], r;
         char buf[4];
@@ -292,7 +293,14 @@ static int start_server(Store *s, const char *name, const char *mountpoint, cons
                 return -errno;
         }
         if (pid == 0) {
-                StoreMountOptions opts = { .ready_fd = 3 };
+                /* In a user namespace, the snapshot's root-owned files are
+                 * the namespace's root's. */
+                StoreMountOptions opts = {
+                        .ready_fd = 3,
+                        .map_root = userns_base != 0,
+                        .root_uid = userns_base,
+                        .root_gid = (gid_t) userns_base,
+                };
                 Store *own = NULL;
                 char self[32];
 
@@ -422,6 +430,48 @@ static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeo
         return 0;
 }
 
+static int write_proc(pid_t pid, const char *file, const char *text) {
+        char path[64];
+        int fd, r = 0;
+
+        snprintf(path, sizeof path, "/proc/%d/%s", (int) pid, file);
+        fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        if (write(fd, text, strlen(text)) != (ssize_t) strlen(text))
+                r = -errno;
+        close(fd);
+        return r;
+}
+
+/* The outer child has unshared its user namespace: its IDs 0.. are the
+ * host's base.. . It waits on the sync pipe until this is done. */
+static int write_id_maps(pid_t outer, uid_t base, uint32_t size) {
+        char map[64];
+        int r;
+
+        /* Until the child has unshared, its maps belong to the host's
+         * namespace: wait for that by polling its namespace link. */
+        for (unsigned i = 0; i < 1000; i++) {
+                char self[64], child[64], path[64];
+                ssize_t a, b;
+
+                snprintf(path, sizeof path, "/proc/%d/ns/user", (int) outer);
+                a = readlink("/proc/self/ns/user", self, sizeof self - 1);
+                b = readlink(path, child, sizeof child - 1);
+                if (a > 0 && b > 0 && (a != b || memcmp(self, child, (size_t) a) != 0))
+                        break;
+                (void) usleep(1000);
+        }
+        snprintf(map, sizeof map, "0 %u %u\n", (unsigned) base, size);
+        r = write_proc(outer, "uid_map", map);
+        if (r >= 0)
+                r = write_proc(outer, "setgroups", "deny");
+        if (r >= 0)
+                r = write_proc(outer, "gid_map", map);
+        return r;
+}
+
 /* Reads what a child said before it failed. 0 if it said nothing. */
 static int read_child_error(int fd, char *text, size_t size) {
         char buf[600];
@@ -452,7 +502,7 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, Sand
         SandboxOptions named = *opts;
         Cgroup cg = {};
         pid_t server = 0, outer;
-        int errfds[2] = { -EBADF, -EBADF }, r;
+        int errfds[2] = { -EBADF, -EBADF }, syncfds[2] = { -EBADF, -EBADF }, r;
         dev_t dev;
 
         named.name = name;
@@ -475,13 +525,13 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, Sand
         }
         cgroup_apply(&cg, &opts->limits, dev);
 
-        r = start_server(s, name, mountpoint, &cg, &server);
+        r = start_server(s, name, mountpoint, &cg, opts->userns_size ? opts->userns_base : 0, &server);
         if (r < 0) {
                 snprintf(error_text, error_size, "cannot serve the snapshot: %s", strerror(-r));
                 goto finish;
         }
 
-        if (pipe2(errfds, O_CLOEXEC) < 0) {
+        if (pipe2(errfds, O_CLOEXEC) < 0 || pipe2(syncfds, O_CLOEXEC) < 0) {
                 r = -errno;
                 goto finish;
         }
@@ -506,6 +556,7 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, Sand
                 int status;
 
                 close(errfds[0]);
+                close(syncfds[1]);
                 sigemptyset(&none);
                 (void) sigprocmask(SIG_SETMASK, &none, NULL);
                 (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -515,8 +566,20 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, Sand
                 r = cgroup_attach(&cg, getpid());
                 if (r < 0)
                         child_fail(errfds[1], -r, "cannot join the sandbox's cgroup: %s", strerror(-r));
+                if (opts->userns_size)
+                        flags |= CLONE_NEWUSER;
                 if (unshare(flags) < 0)
                         child_fail(errfds[1], errno, "cannot make the namespaces: %m");
+                /* The caller writes the ID maps, then closes the pipe. */
+                if (opts->userns_size) {
+                        char c;
+
+                        if (read(syncfds[0], &c, 1) < 0 || setresgid(0, 0, 0) < 0 || setresuid(0, 0, 0) < 0)
+                                child_fail(errfds[1], errno, "cannot become root of the user namespace: %m");
+                        /* A change of credentials cleared it. */
+                        (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
+                }
+                close(syncfds[0]);
                 init = fork();
                 if (init < 0)
                         child_fail(errfds[1], errno, "cannot start the sandbox's init: %m");
@@ -529,6 +592,20 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, Sand
         }
         close(errfds[1]);
         errfds[1] = -EBADF;
+        close(syncfds[0]);
+        syncfds[0] = -EBADF;
+        if (opts->userns_size) {
+                r = write_id_maps(outer, opts->userns_base, opts->userns_size);
+                if (r < 0) {
+                        snprintf(error_text, error_size, "cannot write the user namespace's ID maps: %s",
+                                 strerror(-r));
+                        (void) kill(outer, SIGKILL);
+                        (void) waitpid(outer, NULL, 0);
+                        goto finish;
+                }
+        }
+        close(syncfds[1]);
+        syncfds[1] = -EBADF;
 
         r = wait_task(&cg, outer, server, opts->timeout_usec, opts->cancel, ret);
         if (r >= 0) {
@@ -537,6 +614,9 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, Sand
         }
 
 finish:
+        for (unsigned i = 0; i < 2; i++)
+                if (syncfds[i] >= 0)
+                        close(syncfds[i]);
         if (errfds[0] >= 0)
                 close(errfds[0]);
         if (errfds[1] >= 0)

@@ -204,6 +204,15 @@ int main(int argc, char *argv[]) {
                 printf("\n");
                 return 0;
         }
+        if (!strcmp(cmd, "uidmap")) {
+                char line[128] = "";
+                FILE *f = fopen("/proc/self/uid_map", "r");
+
+                if (f && fgets(line, sizeof line, f))
+                        printf("uidmap %s", line);
+                printf("uid %d\n", (int) getuid());
+                return 0;
+        }
         if (!strcmp(cmd, "ls") && argc > 2)
                 return cmd_ls(argv[2]);
         fprintf(stderr, "sandbox-probe: unknown command\n");

@@ -80,6 +80,18 @@ def check_inside(store):
     store.delete('kept2')
 
 
+def check_user_namespace(store):
+    r, _ = run(store, '--user-namespace', '300000', 'img', '--', '/probe', 'uidmap')
+    t.check(r.out.split()[:4] == ['uidmap', '0', '300000', '65536'] and 'uid 0' in r.out,
+            f'the ID map inside a user namespace: {r.out}')
+    run(store, '--user-namespace', '300000', '--keep', '--name', 'userns1', 'img', '--', '/probe', 'write',
+        '/made-inside', 'x')
+    with store.mount('userns1', readonly=True) as m:
+        st = os.lstat(m.p('made-inside'))
+        t.check_equal(st.st_uid, 300000, 'the owner on the host of a file root made in a user namespace')
+    store.delete('userns1')
+
+
 def check_io(store):
     limit = 6 * MiB
     drop_caches()
@@ -175,6 +187,7 @@ def run_test():
     with t.Store('sandbox') as store:
         make_image(store)
         check_inside(store)
+        check_user_namespace(store)
         check_io(store)
         check_limits(store)
         check_escapes(store)
