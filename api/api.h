@@ -23,6 +23,8 @@
 #define API_SUBVOLUME_PREFIX    "/org/cowbox1/subvolume"
 #define API_SUBVOLUME_INTERFACE "org.cowbox1.Subvolume"
 #define API_JOB_PREFIX          "/org/cowbox1/job"
+#define API_SANDBOX_PREFIX      "/org/cowbox1/sandbox"
+#define API_SANDBOX_INTERFACE   "org.cowbox1.Sandbox"
 #define API_JOB_INTERFACE       "org.cowbox1.Job"
 
 /* The group whose members may change things, besides root. */

@@ -232,6 +232,11 @@ int manager_start(Manager *m) {
         if (r >= 0)
                 r = sd_bus_add_node_enumerator(m->bus, NULL, API_JOB_PREFIX, job_node_enumerator, m);
         if (r >= 0)
+                r = sd_bus_add_fallback_vtable(m->bus, NULL, API_SANDBOX_PREFIX, API_SANDBOX_INTERFACE,
+                                               sandbox_vtable, sandbox_object_find, m);
+        if (r >= 0)
+                r = sd_bus_add_node_enumerator(m->bus, NULL, API_SANDBOX_PREFIX, sandbox_node_enumerator, m);
+        if (r >= 0)
                 r = sd_bus_add_object_manager(m->bus, NULL, API_MANAGER_PATH);
         if (r < 0)
                 return r;

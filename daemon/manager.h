@@ -162,6 +162,10 @@ int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error 
 extern const sd_bus_vtable manager_vtable[];
 extern const sd_bus_vtable subvolume_vtable[];
 extern const sd_bus_vtable job_vtable[];
+extern const sd_bus_vtable sandbox_vtable[];
+int sandbox_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata,
+                        void **found, sd_bus_error *error);
+int sandbox_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error);
 int subvolume_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata,
                           void **found, sd_bus_error *error);
 int subvolume_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error);

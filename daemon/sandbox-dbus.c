@@ -232,20 +232,15 @@ int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error 
         return r;
 }
 
-int method_start_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+static int do_start(sd_bus_message *message, Manager *m, const char *name, sd_bus_error *error) {
         _cleanup_free_ char *snapshot = NULL;
         _cleanup_free_ char **argv = NULL;
-        Manager *m = userdata;
-        const char *name;
         Sandbox *b;
         Job *j = NULL;
         size_t n, i;
         json_t *v;
         int r;
 
-        r = sd_bus_message_read(message, "s", &name);
-        if (r < 0)
-                return r;
         b = find(m, name, error);
         if (!b)
                 return -ENOENT;
@@ -269,16 +264,10 @@ int method_start_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *
         return reply_job(message, m, r, j, error);
 }
 
-int method_wait_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+static int do_wait(sd_bus_message *message, Manager *m, const char *name, sd_bus_error *error) {
         _cleanup_json_ json_t *doc = NULL;
-        Manager *m = userdata;
-        const char *name;
         Sandbox *b;
-        int r;
 
-        r = sd_bus_message_read(message, "s", &name);
-        if (r < 0)
-                return r;
         b = find(m, name, error);
         if (!b)
                 return -ENOENT;
@@ -293,16 +282,11 @@ int method_wait_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *e
         return 1;
 }
 
-int method_kill_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        Manager *m = userdata;
-        const char *name;
+static int do_kill(sd_bus_message *message, Manager *m, const char *name, sd_bus_error *error) {
         Sandbox *b;
         Job *j;
         int r;
 
-        r = sd_bus_message_read(message, "s", &name);
-        if (r < 0)
-                return r;
         b = find(m, name, error);
         if (!b)
                 return -ENOENT;
@@ -315,16 +299,11 @@ int method_kill_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *e
         return sd_bus_reply_method_return(message, NULL);
 }
 
-int method_delete_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+static int do_delete(sd_bus_message *message, Manager *m, const char *name, sd_bus_error *error) {
         _cleanup_free_ char *snapshot = NULL;
-        Manager *m = userdata;
-        const char *name;
         Sandbox *b;
         int r;
 
-        r = sd_bus_message_read(message, "s", &name);
-        if (r < 0)
-                return r;
         b = find(m, name, error);
         if (!b)
                 return -ENOENT;
@@ -360,3 +339,95 @@ int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error 
                 json_array_append_new(list, sandbox_to_json(b));
         return api_reply_json(message, list);
 }
+
+/* ---- the objects: /org/cowbox1/sandbox/NAME ---- */
+
+static Sandbox *from_path(Manager *m, const char *path) {
+        _cleanup_free_ char *name = NULL;
+
+        if (sd_bus_path_decode(path, API_SANDBOX_PREFIX, &name) <= 0)
+                return NULL;
+        for (Sandbox *b = m->sandboxes; b; b = b->next)
+                if (streq(b->name, name))
+                        return b;
+        return NULL;
+}
+
+int sandbox_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata,
+                        void **found, sd_bus_error *error) {
+        if (!from_path(userdata, path))
+                return 0;
+        *found = userdata;
+        return 1;
+}
+
+int sandbox_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error) {
+        Manager *m = userdata;
+        size_t n = 0, k = 0;
+        char **list;
+
+        for (Sandbox *b = m->sandboxes; b; b = b->next)
+                n++;
+        list = calloc(n + 1, sizeof *list);
+        if (!list)
+                return -ENOMEM;
+        for (Sandbox *b = m->sandboxes; b; b = b->next)
+                if (sd_bus_path_encode(API_SANDBOX_PREFIX, b->name, &list[k]) >= 0)
+                        k++;
+        *nodes = list;
+        return 0;
+}
+
+static int sandbox_property(sd_bus *bus, const char *path, const char *interface, const char *property,
+                            sd_bus_message *reply, void *userdata, sd_bus_error *error) {
+        Sandbox *b = from_path(userdata, path);
+        _cleanup_free_ char *text = NULL;
+        json_t *doc;
+
+        if (!b)
+                return sd_bus_error_setf(error, API_ERROR_NO_SUCH_SANDBOX, "The sandbox is gone.");
+        if (streq(property, "Name"))
+                return sd_bus_message_append(reply, "s", b->name);
+        if (streq(property, "Image"))
+                return sd_bus_message_append(reply, "s", b->image);
+        if (streq(property, "State"))
+                return sd_bus_message_append(reply, "s", b->state);
+        doc = sandbox_to_json(b);
+        text = api_json_text(doc);
+        json_decref(doc);
+        return text ? sd_bus_message_append(reply, "s", text) : -ENOMEM;
+}
+
+
+#define NAME_METHOD(verb)                                                                      \
+        int method_##verb##_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) { \
+                const char *name;                                                              \
+                int r = sd_bus_message_read(message, "s", &name);                              \
+                return r < 0 ? r : do_##verb(message, userdata, name, error);                   \
+        }                                                                                      \
+        static int object_##verb(sd_bus_message *message, void *userdata, sd_bus_error *error) { \
+                Sandbox *b = from_path(userdata, sd_bus_message_get_path(message));             \
+                if (!b)                                                                        \
+                        return sd_bus_error_setf(error, API_ERROR_NO_SUCH_SANDBOX, "The sandbox is gone."); \
+                return do_##verb(message, userdata, b->name, error);                            \
+        }
+NAME_METHOD(start)
+NAME_METHOD(wait)
+NAME_METHOD(kill)
+NAME_METHOD(delete)
+
+const sd_bus_vtable sandbox_vtable[] = {
+        SD_BUS_VTABLE_START(0),
+        SD_BUS_PROPERTY("Name", "s", sandbox_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("Image", "s", sandbox_property, 0, SD_BUS_VTABLE_PROPERTY_CONST),
+        SD_BUS_PROPERTY("State", "s", sandbox_property, 0, 0),
+        SD_BUS_PROPERTY("Json", "s", sandbox_property, 0, 0),
+        SD_BUS_METHOD_WITH_ARGS("Start", SD_BUS_NO_ARGS, SD_BUS_RESULT("u", job_id, "o", job_path), object_start,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Wait", SD_BUS_NO_ARGS, SD_BUS_RESULT("s", sandbox_json), object_wait,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Kill", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, object_kill, SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_METHOD_WITH_ARGS("Delete", SD_BUS_NO_ARGS, SD_BUS_NO_RESULT, object_delete,
+                                SD_BUS_VTABLE_UNPRIVILEGED),
+        SD_BUS_VTABLE_END
+};

@@ -103,7 +103,10 @@ def run():
             # marks a run that died with it, and rm leaves nothing.
             d.cowbox(bus, 'sandbox', 'create', 'patch-a', '--image', 'checkout', '--pids-max', '64', '--',
                      '/probe', 'mark', 'a')
-            d.cowbox(bus, 'sandbox', 'start', 'patch-a')
+            r = d.run(bus, ['busctl', '--system', 'get-property', 'org.cowbox1', '/org/cowbox1/sandbox/patch_2da',
+                            'org.cowbox1.Sandbox', 'State'])
+            t.check_equal(r.out.strip(), 's "created"', 'the State of a sandbox object')
+            d.gdbus_call(bus, 'Start', path='/org/cowbox1/sandbox/patch_2da', interface='org.cowbox1.Sandbox')
             r = d.cowbox(bus, 'sandbox', 'wait', 'patch-a')
             t.check_equal(r.out.split(), ['marks', 'a'], 'the first run of a sandbox')
             d.cowbox(bus, 'sandbox', 'start', 'patch-a')
