@@ -750,6 +750,7 @@ const sd_bus_vtable manager_vtable[] = {
                                 method_list_checkpoints, SD_BUS_VTABLE_UNPRIVILEGED),
         SD_BUS_SIGNAL_WITH_ARGS("WorkspaceWarning", SD_BUS_ARGS("s", name, "t", used_bytes, "t", limit_bytes), 0),
         SD_BUS_SIGNAL_WITH_ARGS("WorkspaceFull", SD_BUS_ARGS("s", name, "t", used_bytes, "t", limit_bytes), 0),
+        SD_BUS_SIGNAL_WITH_ARGS("WorkspaceDiskFull", SD_BUS_ARGS("s", name, "t", free_bytes), 0),
         SD_BUS_SIGNAL_WITH_ARGS("SubvolumeNew", SD_BUS_ARGS("s", name, "o", path), 0),
         SD_BUS_SIGNAL_WITH_ARGS("SubvolumeRemoved", SD_BUS_ARGS("s", name, "o", path), 0),
         SD_BUS_SIGNAL_WITH_ARGS("JobNew", SD_BUS_ARGS("u", job_id, "o", job_path), 0),

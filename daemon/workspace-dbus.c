@@ -250,13 +250,18 @@ int method_list_checkpoints(sd_bus_message *message, void *userdata, sd_bus_erro
 
 /* ---- the watch ---- */
 
-static void watch_one(Manager *m, Workspace *ws) {
+static void watch_one(Manager *m, Workspace *ws, bool disk_full, uint64_t disk_free) {
         _cleanup_free_ char *subvolume = NULL;
         StoreSubvolumeInfo info = {};
         uint64_t used;
 
         if (!workspace_is_mounted(ws))
                 (void) workspace_mount(ws, m->store_path);      /* its server died: serve it again */
+        /* A full disk stops every workspace's writers: each is told. */
+        if (disk_full && !ws->disk_full)
+                (void) sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "WorkspaceDiskFull",
+                                          "st", ws->name, disk_free);
+        ws->disk_full = disk_full;
         if (ws->limit == 0 || workspace_subvolume(ws->name, NULL, &subvolume) < 0 ||
             store_subvolume_show(m->store, subvolume, &info) < 0)
                 return;
@@ -284,8 +289,13 @@ static int on_watch(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
         int r;
 
+        StoreUsage u = {};
+        bool disk_full = false;
+
+        if (m->workspaces.list && store_usage(m->store, &u) >= 0)
+                disk_full = u.fs_free_bytes <= u.fs_reserved_bytes + (1u << 20);
         for (Workspace *ws = m->workspaces.list; ws; ws = ws->next)
-                watch_one(m, ws);
+                watch_one(m, ws, disk_full, u.fs_free_bytes);
         r = sd_event_source_set_time_relative(s, WATCH_INTERVAL_USEC);
         if (r < 0)
                 return r;

@@ -537,7 +537,7 @@ json_t *workspace_to_json(const Workspace *ws, Store *s) {
         if (workspace_subvolume(ws->name, NULL, &subvolume) < 0)
                 return NULL;
         (void) store_subvolume_show(s, subvolume, &info);
-        doc = json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b}",
+        doc = json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:b}",
                         "name", ws->name,
                         "state", workspace_is_mounted(ws) ? "mounted" : "unmounted",
                         "path", ws->path,
@@ -550,7 +550,8 @@ json_t *workspace_to_json(const Workspace *ws, Store *s) {
                         "exclusive_bytes", (json_int_t) info.exclusive_bytes,
                         "created_usec", (json_int_t) ws->created_usec,
                         "warning", ws->warned,
-                        "full", ws->full);
+                        "full", ws->full,
+                        "disk_full", ws->disk_full);
         store_subvolume_info_clear(&info);
         return doc;
 }

@@ -36,6 +36,7 @@ typedef struct Workspace {
         /* Known while the daemon runs. */
         bool warned;            /* past the warning mark, signalled */
         bool full;              /* at the limit, signalled */
+        bool disk_full;         /* the disk under the store is full, signalled */
         struct Workspace *next;
 } Workspace;
 

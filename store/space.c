@@ -28,10 +28,12 @@ static void space_refresh(Store *s) {
         s->space.checked_usec = now_usec();
 }
 
-uint64_t space_margin(Store *s) {
-        uint64_t m = s->space.total_bytes / 32;
+uint64_t space_margin_of(uint64_t total_bytes) {
+        return MIN(MAX(total_bytes / 32, (uint64_t) SPACE_MARGIN_MIN), (uint64_t) SPACE_MARGIN_MAX);
+}
 
-        return MIN(MAX(m, SPACE_MARGIN_MIN), SPACE_MARGIN_MAX);
+uint64_t space_margin(Store *s) {
+        return space_margin_of(s->space.total_bytes);
 }
 
 static bool space_fits(Store *s, uint64_t bytes, SpaceUse use) {

@@ -264,6 +264,8 @@ int space_check(Store *s, uint64_t bytes, SpaceUse use);
 void space_hold(Store *s, uint64_t bytes);
 void space_release(Store *s, uint64_t bytes);
 uint64_t space_margin(Store *s);
+/* The margin of a file system of this size. */
+uint64_t space_margin_of(uint64_t total_bytes);
 
 /* ---- fold.c ---- */
 int fold_layers(Store *s, StoreReapStats *stats);

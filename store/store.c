@@ -726,6 +726,7 @@ int store_usage(Store *s, StoreUsage *ret) {
         if (fstatvfs(s->dir_fd, &sv) >= 0) {
                 ret->fs_free_bytes = (uint64_t) sv.f_bavail * sv.f_frsize;
                 ret->fs_total_bytes = (uint64_t) sv.f_blocks * sv.f_frsize;
+                ret->fs_reserved_bytes = space_margin_of(ret->fs_total_bytes);
         }
         return 0;
 }

@@ -134,6 +134,8 @@ typedef struct StoreUsage {
         uint64_t corruption_events; /* checksum mismatches seen by reads and scrubs */
         uint64_t fs_free_bytes;     /* free space of the host file system under the store */
         uint64_t fs_total_bytes;
+        uint64_t fs_reserved_bytes; /* kept back for metadata and cleanup: data writes get
+                                     * ENOSPC once the free space falls to it */
 } StoreUsage;
 
 int store_usage(Store *s, StoreUsage *ret);

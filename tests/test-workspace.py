@@ -20,8 +20,8 @@ import daemon_test as d  # noqa: E402
 FILL = '''
 import errno, os, sys
 path, count = sys.argv[1], int(sys.argv[2])
-data = os.urandom(128 << 10)
 for i in range(count):
+    data = os.urandom(128 << 10)    # each file its own: the store keeps a block once
     try:
         fd = os.open(os.path.join(path, f'fill{i}'), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -53,6 +53,45 @@ def make_image(store):
         t.write_file(m.p('lib', 'code.c'), b'int main(void) { return 0; }\n')
     store.snapshot('src', 'src-main', readonly=True)
     store.run('subvolume', 'delete', 'src')
+
+
+def check_disk_full():
+    """A workspace on a full disk: ENOSPC to the writer, its earlier data
+    intact, shown in workspace show and signalled."""
+    t.require_program('mkfs.ext4')
+    with t.Store('workspace-disk', init=False) as store:
+        image = os.path.join(store.tmp, 'disk.img')
+        fs = store.new_dir('fs')
+        with open(image, 'wb') as f:
+            f.truncate(96 * t.MiB)
+        subprocess.run(['mkfs.ext4', '-q', '-F', image], check=True, capture_output=True)
+        if subprocess.run(['mount', '-o', 'loop', image, fs], capture_output=True).returncode != 0:
+            print('disk full: cannot mount ext4 on a loop file here; skipped', flush=True)
+            return
+        store.path = os.path.join(fs, 'store')
+        store.run('init')
+        make_image(store)
+        dev = d.ensure_user('cowbox-test-dev')
+        with d.bus_and_daemon(store) as (bus, daemon):
+            log = os.path.join(store.tmp, 'signals')
+            monitor = subprocess.Popen(['dbus-monitor', '--system', "type='signal',sender='org.cowbox1'"],
+                                       env=dict(os.environ, **bus.env), stdout=open(log, 'w'),
+                                       stderr=subprocess.DEVNULL)
+            try:
+                time.sleep(0.5)
+                r = d.cowbox(bus, '--json', 'workspace', 'create', 'dev', '--image', 'src-main',
+                             '--owner', 'cowbox-test-dev')
+                path = __import__('json').loads(r.out)['path']
+                r = as_user(bus, dev, 'python3', '-c', FILL, path, '2000')
+                t.check('ENOSPC' in r.out, f'filling the disk under a workspace: {r.out}')
+                t.check_equal(t.read_file(os.path.join(path, 'README')), b'the project\n', 'a file at ENOSPC')
+                d.wait_for('the disk-full signal', lambda: 'WorkspaceDiskFull' in open(log).read())
+                shown = __import__('json').loads(d.cowbox(bus, '--json', 'workspace', 'show', 'dev').out)
+                t.check(shown['disk_full'], f'workspace show says the disk is full: {shown}')
+                d.cowbox(bus, 'workspace', 'rm', 'dev')
+            finally:
+                monitor.terminate()
+                monitor.wait()
 
 
 def run():
@@ -147,6 +186,7 @@ def run():
             t.check(not os.path.exists(path) or not os.listdir(path), 'the mount point after rm')
             left = [n for n in store.names() if n.startswith('workspace-')]
             t.check_equal(left, [], 'subvolumes of the workspace after rm')
+    check_disk_full()
 
 
 if __name__ == '__main__':
