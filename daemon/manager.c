@@ -151,7 +151,8 @@ void manager_job_finished(Manager *m, Job *j) {
         }
 }
 
-#define SPACE_WATCH_USEC (5 * 1000 * 1000)
+#define SPACE_WATCH_USEC (2 * 1000 * 1000)
+#define RECOVER_TICKS 30
 
 /* Below the low mark of free space, the reaper's rate bound is lifted and
  * a reap started; at the high mark (or with nothing left to free), the
@@ -160,6 +161,12 @@ static void watch_space(Manager *m) {
         StoreReaperSettings settings;
         StoreUsage u;
         unsigned free_percent;
+
+        if (m->recover_ticks > 0) {
+                m->recover_ticks--;
+                if (image_remove_stale_receives(m->store) > 0)
+                        manager_reap_soon(m);
+        }
 
         if (store_usage(m->store, &u) < 0 || u.fs_total_bytes == 0 ||
             store_reaper_settings(m->store, &settings) < 0)
@@ -245,6 +252,7 @@ int manager_start(Manager *m) {
                 return r;
 
         manager_recover(m);
+        m->recover_ticks = RECOVER_TICKS;
         r = sd_event_add_time_relative(m->event, NULL, CLOCK_MONOTONIC, SPACE_WATCH_USEC, 0, on_space_watch, m);
         if (r >= 0)
                 r = manager_start_workspaces(m);

@@ -83,6 +83,10 @@ struct Manager {
         unsigned low_mark, high_mark;
         bool urgent;
         uint64_t saved_rate;
+
+        /* Ticks of the space watch that look again for what receives of a
+         * daemon that died left: its workers may outlive it for a moment. */
+        unsigned recover_ticks;
 };
 
 int manager_new(const char *store_path, Manager **ret);
