@@ -70,6 +70,7 @@ static Job *job_free(Job *j) {
         sd_event_source_disable_unref(j->pipe_source);
         sd_event_source_disable_unref(j->child_source);
         sd_event_source_disable_unref(j->kill_timer);
+        sd_bus_slot_unref(j->owner_watch);
         if (j->pipe_fd >= 0)
                 close(j->pipe_fd);
         free(j->target);
@@ -324,6 +325,26 @@ static int on_kill_timer(sd_event_source *s, uint64_t usec, void *userdata) {
         if (j->worker > 0)
                 (void) kill(j->worker, SIGKILL);
         return 0;
+}
+
+static int on_owner_gone(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        const char *name, *old_owner, *new_owner;
+        Job *j = userdata;
+
+        if (sd_bus_message_read(message, "sss", &name, &old_owner, &new_owner) >= 0 && !*new_owner)
+                (void) job_cancel(j);
+        return 0;
+}
+
+int job_watch_owner(Job *j, const char *sender) {
+        _cleanup_free_ char *rule = NULL;
+
+        if (!sender || sender[0] != ':')
+                return 0;
+        if (asprintf(&rule, "type='signal',sender='org.freedesktop.DBus',path='/org/freedesktop/DBus',"
+                     "interface='org.freedesktop.DBus',member='NameOwnerChanged',arg0='%s'", sender) < 0)
+                return -ENOMEM;
+        return sd_bus_add_match(j->manager->bus, &j->owner_watch, rule, on_owner_gone, j);
 }
 
 int job_cancel(Job *j) {

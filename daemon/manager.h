@@ -63,6 +63,7 @@ typedef struct Job {
         char *error_text;
         char *result;           /* JSON text of a job done */
         uint64_t progress_usec; /* last PropertiesChanged */
+        sd_bus_slot *owner_watch; /* the caller leaving the bus cancels it */
 
         struct Job *next;
 } Job;
@@ -123,6 +124,8 @@ typedef json_t *(*job_work_t)(Store *s, void *userdata, int *ret_error, char **r
 int job_start(Manager *m, JobType type, const char *target, job_work_t work, void *userdata,
               void (*userdata_free)(void *), Job **ret);
 int job_cancel(Job *j);
+/* Cancels the job when the bus client sender (a unique name) goes away. */
+int job_watch_owner(Job *j, const char *sender);
 Job *manager_find_job(Manager *m, uint32_t id);
 const char *job_type_to_string(JobType t);
 const char *job_state_to_string(JobState s);

@@ -253,6 +253,10 @@ int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error
                 r = manager_check_caller(message, error);
         if (r >= 0) {
                 r = task_start(m, source, argv, opts, false, &j);
+                /* A task belongs to its caller: when the caller is gone, the
+                 * task and its snapshot go too. */
+                if (r >= 0)
+                        (void) job_watch_owner(j, sd_bus_message_get_sender(message));
                 r = reply_job(message, m, r, j, error);
         }
         for (char **a = argv; a && *a; a++)

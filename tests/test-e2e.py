@@ -86,6 +86,15 @@ def run():
             t.check(client.returncode != 0, f'a cancelled task\'s client: {client.returncode} {err}')
             d.wait_for('the cancelled task to leave nothing', lambda: no_sandboxes_left(store))
 
+            # A task whose caller is gone goes too, with its snapshot.
+            client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
+                                      env=dict(os.environ, **bus.env), stderr=subprocess.DEVNULL)
+            d.wait_for('the task to start', run_jobs)
+            client.kill()
+            client.wait()
+            d.wait_for('the task of a caller that is gone to leave nothing',
+                       lambda: not run_jobs() and no_sandboxes_left(store))
+
             # kill -9 of the daemon while a task runs.
             client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
                                       env=dict(os.environ, **bus.env), stderr=subprocess.DEVNULL)
