@@ -9,7 +9,7 @@
  * entries, attributes and negative entries live for an hour, file pages
  * survive close and reopen (keep_cache), and a writable volume runs with the
  * writeback cache (the kernel keeps size and times and sends them with
- * setattr). Every change the kernel does not see coming goes through a reply
+ * setattr) unless it has a size limit or was asked to write through. Every change the kernel does not see coming goes through a reply
  * that carries the new attributes; for unlink, rmdir and rename the kernel
  * updates its own dentries and attributes. Directory listings are cached
  * only on read-only volumes. Should a volume ever not be the sole writer,
@@ -77,6 +77,7 @@ typedef struct Server {
 
         /* Settings, fixed before the session starts. */
         bool writable;
+        bool writeback_cache;
         double entry_timeout;
         double attr_timeout;
         double negative_timeout; /* 0: ENOENT is not cached */
@@ -284,8 +285,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn) {
                 FUSE_CAP_SPLICE_MOVE | FUSE_CAP_HANDLE_KILLPRIV | FUSE_CAP_ATOMIC_O_TRUNC |
                 FUSE_CAP_EXPORT_SUPPORT | FUSE_CAP_POSIX_ACL | FUSE_CAP_DONT_MASK;
 
-        /* Writeback cache only where every write comes through us. */
-        if (srv->writable)
+        if (srv->writeback_cache)
                 on |= FUSE_CAP_WRITEBACK_CACHE;
         else
                 off |= FUSE_CAP_WRITEBACK_CACHE;
@@ -1017,6 +1017,11 @@ static int serve(Store *s, const char *name, const char *mountpoint, const Store
         r = server_open(&srv, s, name, opts->readonly, ret_holder);
         if (r < 0)
                 return r;
+        /* Writeback cache only where every write comes through us, and
+         * where a write may fail no sooner than at fsync: the kernel turns
+         * an error of its asynchronous writeback into EIO at close(), and
+         * the page cache keeps showing data that was never stored. */
+        srv.writeback_cache = srv.writable && !opts->write_through && volume_quota_bytes(srv.volume) == 0;
         srv.map_root = opts->map_root;
         srv.root_uid = opts->root_uid;
         srv.root_gid = opts->root_gid;

@@ -439,6 +439,10 @@ bool volume_is_sole_writer(const Volume *v) {
         return true;
 }
 
+uint64_t volume_quota_bytes(const Volume *v) {
+        return v->quota_bytes;
+}
+
 const char *volume_name(const Volume *v) {
         return v->name;
 }

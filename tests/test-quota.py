@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """A subvolume's quota: writes that would pass the limit fail with EDQUOT
-(at write or at fsync, as the page cache decides), everything written and
-fsync'd before stays intact, removing files makes room, a raised limit
+at write() (a limited subvolume is mounted without the writeback cache, so
+no error waits for close() to turn into EIO), what write() accepted is what
+is stored, everything written and fsync'd before stays intact, removing files makes room, a raised limit
 applies to the mounted subvolume within seconds, and snapshots keep the
 limit of their source."""
 
@@ -26,6 +27,23 @@ def write_synced(path, data):
     return None
 
 
+def write_buffered(path, chunk, count):
+    """Writes count chunks without fsync; returns (bytes accepted, errno of
+    the write that stopped, errno of close)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    written, write_err, close_err = 0, None, None
+    try:
+        for i in range(count):
+            written += os.write(fd, chunk)
+    except OSError as e:
+        write_err = e.errno
+    try:
+        os.close(fd)
+    except OSError as e:
+        close_err = e.errno
+    return written, write_err, close_err
+
+
 def run():
     t.require_fuse()
     with t.Store('quota') as store:
@@ -41,6 +59,20 @@ def run():
             t.check_bytes(t.read_file(m.p('first')), first, 'the file written before the quota was reached')
             # Small files still fit, up to the limit.
             t.check_equal(write_synced(m.p('small'), b'x' * 1000), None, 'a small file under the limit')
+
+            # Buffered writes past the limit, no fsync: the write() that
+            # passes it fails, close() does not, and the file holds exactly
+            # what was accepted, also after a remount.
+            chunk = t.random_bytes(128 * KiB, 6)
+            written, write_err, close_err = write_buffered(m.p('buffered'), chunk, 16)
+            t.check_equal((write_err, close_err), (errno.EDQUOT, None),
+                          'errors of buffered 128 KiB writes past the limit (write, close)')
+            t.check(0 < written < 16 * len(chunk), f'{written} bytes accepted of {16 * len(chunk)}')
+            t.check_equal(os.stat(m.p('buffered')).st_size, written, 'size of the file written past the limit')
+        with store.mount('ws') as m:
+            t.check_bytes(t.read_file(m.p('buffered')), (chunk * 16)[:written],
+                          'the file written past the limit, after a remount')
+            os.unlink(m.p('buffered'))
 
             # Room comes back when files go.
             os.unlink(m.p('second'))

@@ -35,6 +35,23 @@ for i in range(count):
 print(f'wrote {count}')
 '''
 
+# One file written in 1 MiB pieces, no fsync: an editor or a compiler.
+BUFFERED = '''
+import errno, os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+written, result = 0, 'no error'
+try:
+    for i in range(int(sys.argv[2])):
+        written += os.write(fd, bytes([i % 251]) * (1 << 20))
+except OSError as e:
+    result = 'write ' + errno.errorcode[e.errno]
+try:
+    os.close(fd)
+except OSError as e:
+    result += ' close ' + errno.errorcode[e.errno]
+print(result, written)
+'''
+
 
 def as_user(bus, user, *argv, expect=0):
     return d.run(bus, list(argv), expect=expect, user=user)
@@ -153,6 +170,14 @@ def run():
                 filled = int(r.out.split()[1])
                 t.check(filled >= 7 * 8, f'only {filled} files of 128 KiB fitted under an 8 MiB limit')
                 t.check_equal(t.read_file(os.path.join(path, 'new.c')), b'new\n', 'an earlier file at the limit')
+                # Buffered writes see the limit at write(), not as EIO at
+                # close(), and the file holds what write() accepted.
+                r = as_user(bus, dev, 'python3', '-c', BUFFERED, path + '/big.o', '16')
+                t.check(r.out.startswith('write EDQUOT ') and 'close' not in r.out,
+                        f'a buffered 16 MiB write past the limit: {r.out}')
+                t.check_equal(os.stat(path + '/big.o').st_size, int(r.out.split()[-1]),
+                              'size of a file written past the limit')
+                os.unlink(path + '/big.o')
                 d.wait_for('the warning signal', lambda: 'WorkspaceWarning' in open(monitor_log).read())
                 shown = __import__('json').loads(d.cowbox(bus, '--json', 'workspace', 'show', 'dev').out)
                 t.check(shown['warning'], f'workspace show says it is near its limit: {shown}')
