@@ -272,9 +272,6 @@ static void apply_io_v1(Cgroup *cg, const SandboxLimits *l, dev_t dev) {
                 snprintf(v, sizeof v, "%u:%u %" PRIu64, major(dev), minor(dev), value);
                 apply_value(cg, dir, throttles[i].file, v, "I/O limit");
         }
-        if (l->io_write_bps || l->io_write_iops)
-                not_applied(cg, "I/O write limit: cgroup v1 charges only direct and synchronous writes to a "
-                            "cgroup; the page cache's writeback is charged to no one");
         if (l->io_weight) {
                 const char *file = file_exists(dir, "blkio.weight") ? "blkio.weight" : "blkio.bfq.weight";
 

@@ -10,6 +10,14 @@
  * are indexed, and blocks are indexed before a layer that references them
  * commits. A crash at any point leaves at most unreferenced records, which
  * the reaper frees.
+ *
+ * Records are written with direct I/O: gathered in a buffer and written in
+ * whole 4 KiB pages by the writing process itself, so that the cgroup the
+ * FUSE server runs in is charged for them (cgroup v1 charges the page
+ * cache's writeback to no one) and the page cache holds no second copy.
+ * Records stay packed: the last, partial page stays in the buffer and is
+ * written again, with the same bytes in front, when more records follow.
+ * Blocks still in the buffer are read from it.
  */
 
 #include <errno.h>
@@ -32,6 +40,9 @@
 #define PACK_FD_CACHE 64
 #define READ_CACHE_SLOTS 64
 #define ZSTD_LEVEL 3
+/* Direct I/O writes whole pages of this size, from memory aligned to it. */
+#define PACK_PAGE 4096u
+#define STAGE_BYTES (2u * 1024 * 1024)
 
 typedef struct PendingBlock {
         Digest digest;
@@ -64,6 +75,14 @@ struct Packs {
         uint64_t writer_id;
         uint64_t writer_end;
         bool writer_unsynced;
+
+        /* Records not written yet: stage[0] is at pack offset stage_base (a
+         * page boundary), writer_end is stage_base + stage_len, and the
+         * first stage_written bytes are on disk already. */
+        uint8_t *stage;
+        uint64_t stage_base;
+        size_t stage_len;
+        size_t stage_written;
 
         /* Blocks appended but not indexed yet. */
         PendingBlock *pending;
@@ -118,7 +137,9 @@ int packs_new(Store *s, struct Packs **ret) {
         p->cctx = ZSTD_createCCtx();
         p->dctx = ZSTD_createDCtx();
         p->scratch = malloc(record_max());
-        if (!p->cctx || !p->dctx || !p->scratch) {
+        if (posix_memalign((void **) &p->stage, PACK_PAGE, STAGE_BYTES + PACK_PAGE) != 0)
+                p->stage = NULL;
+        if (!p->cctx || !p->dctx || !p->scratch || !p->stage) {
                 packs_free(p);
                 return -ENOMEM;
         }
@@ -152,6 +173,7 @@ struct Packs *packs_free(struct Packs *p) {
         ZSTD_freeCCtx(p->cctx);
         ZSTD_freeDCtx(p->dctx);
         free(p->scratch);
+        free(p->stage);
         pthread_mutex_destroy(&p->lock);
         free(p);
         return NULL;
@@ -245,7 +267,9 @@ static int writer_open_new_pack(Store *s) {
         }
 
         pack_file_name(id, name);
-        fd = openat(s->packs_fd, name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        fd = openat(s->packs_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_DIRECT, 0600);
+        if (fd < 0 && errno == EINVAL) /* a file system without direct I/O */
+                fd = openat(s->packs_fd, name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd < 0)
                 return -errno;
         if (flock(fd, LOCK_EX | LOCK_NB) < 0)
@@ -258,6 +282,8 @@ static int writer_open_new_pack(Store *s) {
         p->writer_fd = TAKE_FD(fd);
         p->writer_id = id;
         p->writer_end = 0;
+        p->stage_base = 0;
+        p->stage_len = p->stage_written = 0;
         return 0;
 }
 
@@ -295,11 +321,65 @@ static int pending_add(struct Packs *p, const Digest *d, const BlockLocation *lo
         return 0;
 }
 
+static ssize_t pwrite_direct(int fd, const void *buf, size_t len, uint64_t offset) {
+        ssize_t k = pwrite(fd, buf, len, (off_t) offset);
+
+        if (k < 0 && errno == EINVAL && (fcntl(fd, F_GETFL) & O_DIRECT)) {
+                /* A device whose blocks are larger than our pages. */
+                if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_DIRECT) < 0)
+                        return -errno;
+                k = pwrite(fd, buf, len, (off_t) offset);
+        }
+        return k < 0 ? -errno : k;
+}
+
+/* Writes the buffer's whole pages, and if partial also its last page,
+ * padded with zeros; then keeps only the bytes of the last partial page.
+ * On failure (-ENOSPC for a short write) everything stays in the buffer. */
+static int stage_write(struct Packs *p, bool partial) {
+        size_t full = p->stage_len / PACK_PAGE * PACK_PAGE;
+        size_t len = partial ? DIV_ROUND_UP(p->stage_len, PACK_PAGE) * PACK_PAGE : full;
+        size_t done = 0;
+
+        if (len == 0 || (partial && p->stage_written == p->stage_len))
+                return 0;
+        if (len > p->stage_len)
+                memset(p->stage + p->stage_len, 0, len - p->stage_len);
+        while (done < len) {
+                ssize_t k = pwrite_direct(p->writer_fd, p->stage + done, len - done, p->stage_base + done);
+                if (k < 0)
+                        return (int) k;
+                if (k == 0 || (k % PACK_PAGE) != 0)
+                        return -ENOSPC;
+                done += (size_t) k;
+        }
+        memmove(p->stage, p->stage + full, p->stage_len - full);
+        p->stage_base += full;
+        p->stage_len -= full;
+        p->stage_written = partial ? p->stage_len : 0;
+        p->writer_unsynced = true;
+        return 0;
+}
+
+/* Makes everything appended to the writer's pack durable. */
+static int writer_sync(struct Packs *p) {
+        int r;
+
+        if (p->writer_fd < 0)
+                return 0;
+        r = stage_write(p, true);
+        if (r < 0)
+                return r;
+        if (p->writer_unsynced && fdatasync(p->writer_fd) < 0)
+                return -errno;
+        p->writer_unsynced = false;
+        return 0;
+}
+
 int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLocation *ret) {
         struct Packs *p = s->packs;
         BlockLocation loc;
         size_t n;
-        ssize_t k;
         int r;
 
         if (len == 0 || len > STORE_BLOCK_SIZE)
@@ -311,23 +391,22 @@ int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLoca
 
         MUTEX_LOCKED(&p->lock);
         if (p->writer_fd < 0 || p->writer_end >= p->pack_max_bytes) {
-                if (p->writer_fd >= 0 && p->writer_unsynced && fdatasync(p->writer_fd) < 0)
-                        return -errno;
+                r = writer_sync(p);
+                if (r < 0)
+                        return r;
                 r = writer_open_new_pack(s);
                 if (r < 0)
                         return r;
         }
 
         n = record_encode(p, data, len, d);
-        k = pwrite(p->writer_fd, p->scratch, n, (off_t) p->writer_end);
-        if (k < 0)
-                return -errno;
-        if ((size_t) k != n) {
-                /* A short write means the disk is full; the partial record
-                 * at the tail is never indexed. */
-                (void) ftruncate(p->writer_fd, (off_t) p->writer_end);
-                return -ENOSPC;
+        if (p->stage_len + n > STAGE_BYTES) {
+                r = stage_write(p, false);
+                if (r < 0)
+                        return r;
         }
+        memcpy(p->stage + p->stage_len, p->scratch, n);
+        p->stage_len += n;
 
         loc = (BlockLocation) {
                 .pack = p->writer_id,
@@ -339,7 +418,6 @@ int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLoca
         if (r < 0)
                 return r;
         p->writer_end += n;
-        p->writer_unsynced = true;
         *ret = loc;
         return 0;
 }
@@ -350,11 +428,9 @@ int block_commit(Store *s) {
         int r;
 
         MUTEX_LOCKED(&p->lock);
-        if (p->writer_unsynced) {
-                if (fdatasync(p->writer_fd) < 0)
-                        return -errno;
-                p->writer_unsynced = false;
-        }
+        r = writer_sync(p);
+        if (r < 0)
+                return r;
         if (p->n_pending == 0) {
                 packs_release_retired(p);
                 return 0;
@@ -402,9 +478,8 @@ int pack_fd(Store *s, uint64_t pack) {
         char name[32];
         int fd;
 
-        /* Caller holds p->lock. */
-        if (pack == p->writer_id && p->writer_fd >= 0)
-                return p->writer_fd;
+        /* Caller holds p->lock. The writer's own descriptor is for direct
+         * I/O only: reads go through one of these. */
         for (size_t i = 0; i < PACK_FD_CACHE; i++)
                 if (p->fds[i].fd >= 0 && p->fds[i].id == pack)
                         return p->fds[i].fd;
@@ -417,6 +492,39 @@ int pack_fd(Store *s, uint64_t pack) {
         safe_close(slot->fd);
         *slot = (PackFd) { .id = pack, .fd = fd };
         return fd;
+}
+
+/* Reads a record's bytes: from the pack file, and where the writer has not
+ * written them yet, from its buffer. Caller holds p->lock. */
+static ssize_t pack_read(Store *s, uint64_t pack, uint64_t offset, void *buf, size_t len) {
+        struct Packs *p = s->packs;
+        size_t from_file = len, done;
+        ssize_t k;
+        int fd;
+
+        if (pack == p->writer_id && p->writer_fd >= 0)
+                from_file = offset < p->stage_base ? (size_t) MIN((uint64_t) len, p->stage_base - offset) : 0;
+        if (from_file > 0) {
+                fd = pack_fd(s, pack);
+                if (fd < 0)
+                        return fd;
+                k = pread(fd, buf, from_file, (off_t) offset);
+                if (k < 0)
+                        return -errno;
+                if ((size_t) k < from_file)
+                        return k;
+        }
+        done = from_file;
+        if (done < len) {
+                uint64_t at = offset + done - p->stage_base;
+
+                if (at < p->stage_len) {
+                        size_t n = MIN(len - done, p->stage_len - (size_t) at);
+                        memcpy((uint8_t *) buf + done, p->stage + at, n);
+                        done += n;
+                }
+        }
+        return (ssize_t) done;
 }
 
 int pack_record_decode(Store *s, const void *record, size_t record_len, const Digest *expect,
@@ -469,7 +577,7 @@ int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, vo
         CachedBlock *c;
         size_t len = sizeof(PackRecordHeader) + loc->stored_len;
         ssize_t k;
-        int fd, r;
+        int r;
 
         if (loc->stored_len > ZSTD_compressBound(STORE_BLOCK_SIZE)) {
                 if (ret_reason)
@@ -485,15 +593,12 @@ int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, vo
                 return (int) c->len;
         }
 
-        fd = pack_fd(s, loc->pack);
-        if (fd < 0) {
-                if (ret_reason)
+        k = pack_read(s, loc->pack, loc->offset, p->scratch, len);
+        if (k < 0) {
+                if (k == -ENOENT && ret_reason)
                         *ret_reason = "pack file missing";
-                return fd == -ENOENT ? -EIO : fd;
+                return k == -ENOENT ? -EIO : (int) k;
         }
-        k = pread(fd, p->scratch, len, (off_t) loc->offset);
-        if (k < 0)
-                return -errno;
         r = pack_record_decode(s, p->scratch, (size_t) k == len ? len : sizeof(PackRecordHeader) - 1,
                                d, buf, ret_reason);
         if (r < 0)
@@ -539,7 +644,7 @@ int block_read_stored_zstd(Store *s, const Digest *d, void *buf, size_t *ret_len
         BlockLocation loc;
         size_t len;
         ssize_t k;
-        int fd, r;
+        int r;
 
         r = block_lookup(s, d, &loc);
         if (r == -ENOENT)
@@ -553,13 +658,10 @@ int block_read_stored_zstd(Store *s, const Digest *d, void *buf, size_t *ret_len
                 return -ENOMEM;
 
         MUTEX_LOCKED(&p->lock);
-        fd = pack_fd(s, loc.pack);
-        if (fd < 0)
-                return fd == -ENOENT ? -EIO : fd;
         len = sizeof(PackRecordHeader) + loc.stored_len;
-        k = pread(fd, p->scratch, len, (off_t) loc.offset);
+        k = pack_read(s, loc.pack, loc.offset, p->scratch, len);
         if (k < 0)
-                return -errno;
+                return k == -ENOENT ? -EIO : (int) k;
         /* Decoding verifies every checksum of the record. */
         r = pack_record_decode(s, p->scratch, (size_t) k == len ? len : sizeof(PackRecordHeader) - 1,
                                d, plain, NULL);

@@ -81,11 +81,13 @@ static int cmd_writeback(const char *path, long mb) {
 
         if (fd < 0)
                 return result("writeback", -1);
-        for (size_t i = 0; i < sizeof buf; i++)
-                buf[i] = (char) (rand() & 0xff);
-        for (long i = 0; i < mb; i++)
+        for (long i = 0; i < mb; i++) {
+                /* Every MiB its own: the store would keep a repeated block once. */
+                for (size_t j = 0; j < sizeof buf; j++)
+                        buf[j] = (char) (rand() & 0xff);
                 if (write(fd, buf, sizeof buf) != (ssize_t) sizeof buf)
                         return result("writeback", -1);
+        }
         if (fsync(fd) < 0)
                 return result("writeback", -1);
         printf("writeback %ld %.3f\n", mb << 20, now() - start);
