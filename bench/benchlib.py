@@ -190,8 +190,20 @@ def fusermount_unmount(mnt, lazy=False):
                           stderr=subprocess.PIPE)
 
 
+def unmount_any(mnt, lazy=False):
+    """Unmounts a FUSE mount with fusermount3, any other (overlayfs, a loop
+    file's btrfs) with umount."""
+    fstype = mount_points().get(os.path.realpath(mnt), ("", ""))[0]
+    if fstype.startswith("fuse"):
+        return fusermount_unmount(mnt, lazy)
+    argv = ["umount"] + (["-l"] if lazy else []) + [mnt]
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+
+
 class Cleanup:
-    """Mounts and scratch directories to undo on any exit, Ctrl-C included."""
+    """Mounts and scratch directories to undo on any exit, Ctrl-C included.
+    FUSE mounts are undone with fusermount3 -u, others with umount."""
 
     def __init__(self):
         self.mounts = []
@@ -204,9 +216,9 @@ class Cleanup:
         for mnt in reversed(self.mounts):
             if not is_mounted(mnt):
                 continue
-            fusermount_unmount(mnt)
+            unmount_any(mnt)
             if is_mounted(mnt):
-                fusermount_unmount(mnt, lazy=True)
+                unmount_any(mnt, lazy=True)
             if is_mounted(mnt):
                 warn(f"could not unmount {mnt}")
         self.mounts.clear()
