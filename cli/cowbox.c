@@ -249,8 +249,10 @@ static int job_follow(sd_bus *bus, sd_bus_message *reply, JobWait *w, const char
         return r;
 }
 
-/* Starts a job with a Manager method and follows it to its end. */
-static int run_job(const char *what, void (*printer)(json_t *doc), const char *method, const char *types, ...) {
+/* Starts a job with a Manager method and follows it to its end; its result
+ * is printed, or returned in ret_json if that is given. */
+static int run_job(const char *what, void (*printer)(json_t *doc), json_t **ret_json, const char *method,
+                   const char *types, ...) {
         _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
         _cleanup_message_ sd_bus_message *reply = NULL;
         _cleanup_bus_ sd_bus *bus = NULL;
@@ -269,7 +271,7 @@ static int run_job(const char *what, void (*printer)(json_t *doc), const char *m
         va_end(ap);
         if (r < 0)
                 return bus_failure(what, r, &error);
-        return job_follow(bus, reply, &w, what, printer, NULL);
+        return job_follow(bus, reply, &w, what, printer, ret_json);
 }
 
 /* ---- output ---- */
@@ -356,9 +358,10 @@ static void print_scrub(json_t *v) {
         size_t i;
         json_t *d;
 
-        printf("Checked %" PRIu64 " blocks (%s): %" PRIu64 " damaged, %" PRIu64 " files affected.\n",
+        printf("Checked %" PRIu64 " blocks (%s): %" PRIu64 " damaged; %" PRIu64 " metadata records: %" PRIu64
+               " damaged; %" PRIu64 " files affected.\n",
                num(v, "blocks_checked"), human_bytes(num(v, "bytes_checked"), a), num(v, "blocks_damaged"),
-               num(v, "files_damaged"));
+               num(v, "rows_checked"), num(v, "rows_damaged"), num(v, "files_damaged"));
         json_array_foreach(json_object_get(v, "damage"), i, d)
                 printf("  %s: %s/%s (%s)\n", str(d, "digest"), str(d, "subvolume"), str(d, "path"), str(d, "reason"));
 }
@@ -484,7 +487,7 @@ static int verb_image_receive(int argc, char *argv[]) {
                 return usage_error("standard input is a terminal; give the stream with -f FILE or a pipe");
         if (json_options(optind < argc ? json_pack("{s:s}", "name", argv[optind]) : json_object(), &opts) < 0)
                 return fail("out of memory");
-        return run_job("receiving", print_received, "ReceiveImage", "hs", fd >= 0 ? fd : STDIN_FILENO, opts);
+        return run_job("receiving", print_received, NULL, "ReceiveImage", "hs", fd >= 0 ? fd : STDIN_FILENO, opts);
 }
 
 static int verb_image_send(int argc, char *argv[]) {
@@ -533,7 +536,7 @@ static int verb_image_send(int argc, char *argv[]) {
                 return fail("out of memory");
         /* The stream may be on standard output: say nothing there. */
         arg_json = false;
-        return run_job("sending", print_nothing, "SendImage", "shs", argv[optind], fd >= 0 ? fd : STDOUT_FILENO,
+        return run_job("sending", print_nothing, NULL, "SendImage", "shs", argv[optind], fd >= 0 ? fd : STDOUT_FILENO,
                        opts);
 }
 
@@ -952,8 +955,22 @@ static int verb_sandbox(int argc, char *argv[]) {
 }
 
 static int verb_scrub(void) {
-        int r = run_job("scrubbing", print_scrub, "Scrub", "");
-        return r;
+        json_t *doc = NULL;
+        bool damaged;
+        int r;
+
+        r = run_job("scrubbing", NULL, &doc, "Scrub", "");
+        if (r != EXIT_SUCCESS)
+                return r;
+        if (arg_json) {
+                json_dumpf(doc, stdout, JSON_INDENT(2));
+                putchar('\n');
+        } else
+                print_scrub(doc);
+        /* Damage is what a scrub exists to find: scripts must see it in the status. */
+        damaged = num(doc, "blocks_damaged") > 0 || num(doc, "rows_damaged") > 0 || num(doc, "files_damaged") > 0;
+        json_decref(doc);
+        return damaged ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
 static void help(void) {
@@ -1073,7 +1090,7 @@ static int dispatch(int argc, char *argv[]) {
         if (streq(noun, "scrub"))
                 return verb_simple(argc, argv, 0, "scrub") ?: verb_scrub();
         if (streq(noun, "reap"))
-                return verb_simple(argc, argv, 0, "reap") ?: run_job("reaping", print_reap, "Reap", "");
+                return verb_simple(argc, argv, 0, "reap") ?: run_job("reaping", print_reap, NULL, "Reap", "");
         if (streq(noun, "cancel")) {
                 char *end = NULL;
                 unsigned long id;

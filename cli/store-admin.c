@@ -396,6 +396,8 @@ static const Field scrub_fields[] = {
         FIELD("Data checked", "bytes_checked", FIELD_BYTES, StoreScrubStats, bytes_checked),
         FIELD("Damaged blocks", "blocks_damaged", FIELD_U64, StoreScrubStats, blocks_damaged),
         FIELD("Damaged files", "files_damaged", FIELD_U64, StoreScrubStats, files_damaged),
+        FIELD("Records checked", "rows_checked", FIELD_U64, StoreScrubStats, rows_checked),
+        FIELD("Damaged records", "rows_damaged", FIELD_U64, StoreScrubStats, rows_damaged),
         {}
 };
 
@@ -418,7 +420,7 @@ static void on_damage(const StoreDamage *d, void *userdata) {
                 return;
         }
 
-        printf("%sDamaged block:\n", report->n_reported > 1 ? "\n" : "");
+        printf("%sDamaged %s:\n", report->n_reported > 1 ? "\n" : "", d->pack > 0 ? "block" : "record");
         record_print(report->tool, damage_fields, d, 2);
         fflush(stdout);
 }
@@ -437,8 +439,8 @@ static int print_scrub_summary(const ScrubReport *report, const StoreScrubStats 
         if (report->n_reported > 0)
                 putchar('\n');
         record_print(report->tool, scrub_fields, stats, 0);
-        if (stats->blocks_damaged > 0 || report->n_reported > 0)
-                puts("\nThe store has damaged blocks: reading the files listed above fails with EIO.\n"
+        if (stats->blocks_damaged > 0 || stats->rows_damaged > 0 || report->n_reported > 0)
+                puts("\nThe store has damaged blocks or records: reading the files listed above fails with EIO.\n"
                      "Replace them from a good copy, or delete the subvolumes that hold them.");
         else
                 puts("\nNo damage found.");
@@ -478,7 +480,8 @@ static int verb_scrub(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (r != EXIT_SUCCESS)
                 return r;
         /* Damage is what a scrub exists to find: scripts must see it in the status. */
-        return stats.blocks_damaged > 0 || report.n_reported > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+        return stats.blocks_damaged > 0 || stats.rows_damaged > 0 || report.n_reported > 0 ? EXIT_FAILURE
+                                                                                          : EXIT_SUCCESS;
 }
 
 /* ---- fsck ---- */

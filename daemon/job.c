@@ -270,6 +270,7 @@ int job_start(Manager *m, JobType type, const char *target, job_work_t work, voi
                 goto fail;
         }
         if (pid == 0) {
+                store_close_inherited(); /* the worker opens its own */
                 /* The worker must not keep the daemon's bus connection: a
                  * daemon killed while its workers run would keep its name. */
                 if (bus_fd >= 0)

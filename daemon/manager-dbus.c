@@ -569,11 +569,13 @@ static json_t *scrub_work(Store *s, void *userdata, int *ret_error, char **ret_e
                 return NULL;
         }
         progress(stats.bytes_checked, stats.bytes_checked);
-        return json_pack("{s:I, s:I, s:I, s:I, s:o}",
+        return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:o}",
                          "blocks_checked", (json_int_t) stats.blocks_checked,
                          "bytes_checked", (json_int_t) stats.bytes_checked,
                          "blocks_damaged", (json_int_t) stats.blocks_damaged,
                          "files_damaged", (json_int_t) stats.files_damaged,
+                         "rows_checked", (json_int_t) stats.rows_checked,
+                         "rows_damaged", (json_int_t) stats.rows_damaged,
                          "damage", damage);
 }
 

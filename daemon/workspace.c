@@ -267,6 +267,7 @@ int workspace_mount(const Workspace *ws, const char *store_path) {
         if (pid == 0) {
                 sigset_t none;
 
+                store_close_inherited(); /* the server opens its own */
                 sigemptyset(&none);
                 (void) sigprocmask(SIG_SETMASK, &none, NULL);
                 (void) setsid();

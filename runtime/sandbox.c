@@ -328,10 +328,14 @@ static int start_server(Store *s, const char *name, const char *mountpoint, cons
                                 close(fd);
                         }
                 }
+                _cleanup_free_ char *path = strdup(store_path(s));
+
+                /* Before any descriptor is closed: see store.h. */
+                store_close_inherited();
                 (void) setsid();
-                if (dup2(fds[1], 3) < 0 || close_range(4, ~0U, 0) < 0)
+                if (!path || dup2(fds[1], 3) < 0 || close_range(4, ~0U, 0) < 0)
                         _exit(EXIT_FAILURE);
-                if (store_open(store_path(s), &own) < 0)
+                if (store_open(path, &own) < 0)
                         _exit(EXIT_FAILURE);
                 _exit(store_mount(own, name, mountpoint, &opts, NULL) < 0 ? EXIT_FAILURE : EXIT_SUCCESS);
         }

@@ -87,6 +87,23 @@ static int copy_file(const char *from, const char *to) {
         return fsync(out) < 0 ? -errno : 0;
 }
 
+/* The merged layer's rows get checks computed anew: both layers' rows are
+ * verified first, so that a damaged row is never given a valid check. */
+static int verify_rows(sqlite3 *db) {
+        int64_t damaged = 0;
+        int r;
+
+        FOREACH_STRING(schema, "main", "upper") {
+                int64_t n = 0;
+
+                r = layer_count_damaged_rows(db, schema, &n);
+                if (r < 0)
+                        return r;
+                damaged += n;
+        }
+        return damaged > 0 ? -EIO : 0;
+}
+
 /* Rows of the upper layer replace the lower's; what the upper cut off
  * (lower_limit, inline contents) goes; whiteouts and holes go too where no
  * layer lies below. */
@@ -102,36 +119,46 @@ static int apply_upper(sqlite3 *db, const char *upper_path, bool bottom) {
         if (r < 0)
                 return r;
 
-        r = sqlite_exec(db,
-                "BEGIN;"
+        r = sqlite_begin(db);
+        if (r >= 0)
+                r = verify_rows(db);
+        if (r >= 0)
+                r = sqlite_exec(db,
                 "CREATE TEMP TABLE lens AS SELECT digest, stored_len FROM main.blockrefs "
                 "  UNION SELECT digest, stored_len FROM upper.blockrefs;"
                 "DELETE FROM main.extents WHERE EXISTS (SELECT 1 FROM upper.inodes u WHERE u.ino = extents.ino"
                 "  AND (u.data IS NOT NULL OR extents.idx * " STRINGIFY(STORE_BLOCK_SIZE) " >= u.lower_limit));"
-                "INSERT OR REPLACE INTO main.inodes SELECT u.ino, u.mode, u.nlink, u.uid, u.gid, u.rdev, u.size,"
-                "  u.atime_ns, u.mtime_ns, u.ctime_ns, u.parent,"
-                "  min(u.lower_limit, coalesce((SELECT m.lower_limit FROM main.inodes m WHERE m.ino = u.ino),"
-                "                              9223372036854775807)), u.data, u.data_zstd, u.data_check FROM upper.inodes u;"
+                "INSERT OR REPLACE INTO main.inodes(ino, mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns,"
+                "  ctime_ns, parent, lower_limit, data, data_zstd, data_check, row_check)"
+                "  SELECT *, " INODE_CHECK " FROM (SELECT u.ino, u.mode, u.nlink, u.uid, u.gid, u.rdev, u.size,"
+                "    u.atime_ns, u.mtime_ns, u.ctime_ns, u.parent,"
+                "    min(u.lower_limit, coalesce((SELECT m.lower_limit FROM main.inodes m WHERE m.ino = u.ino),"
+                "                                9223372036854775807)) AS lower_limit,"
+                "    u.data, u.data_zstd, u.data_check FROM upper.inodes u);"
                 "DELETE FROM main.xattrs WHERE ino IN (SELECT ino FROM upper.inodes);"
-                "INSERT OR REPLACE INTO main.xattrs SELECT * FROM upper.xattrs;"
-                "INSERT OR REPLACE INTO main.dentries SELECT * FROM upper.dentries;"
-                "INSERT OR REPLACE INTO main.extents SELECT * FROM upper.extents;"
+                "INSERT OR REPLACE INTO main.xattrs(ino, name, value, row_check)"
+                "  SELECT ino, name, value, " XATTR_CHECK " FROM upper.xattrs;"
+                "INSERT OR REPLACE INTO main.dentries(parent, name, ino, type, row_check)"
+                "  SELECT parent, name, ino, type, " DENTRY_CHECK " FROM upper.dentries;"
+                "INSERT OR REPLACE INTO main.extents(ino, idx, digest, len, row_check)"
+                "  SELECT ino, idx, digest, len, " EXTENT_CHECK " FROM upper.extents;"
                 "DELETE FROM main.info;"
-                "INSERT INTO main.info SELECT * FROM upper.info;");
+                "INSERT INTO main.info(key, value, row_check) SELECT key, value, " INFO_CHECK " FROM upper.info;");
         if (r < 0)
                 goto fail;
         if (bottom) {
                 r = sqlite_exec(db, "DELETE FROM main.dentries WHERE ino = 0;"
                                     "DELETE FROM main.extents WHERE digest IS NULL;"
-                                    "UPDATE main.inodes SET lower_limit = 0;");
+                                    "UPDATE main.inodes SET lower_limit = 0, row_check = " INODE_CHECK_WITH("0") ";");
                 if (r < 0)
                         goto fail;
         }
         r = sqlite_exec(db,
                 "DELETE FROM main.blockrefs;"
-                "INSERT INTO main.blockrefs SELECT e.digest, count(*),"
-                "  coalesce((SELECT stored_len FROM lens WHERE lens.digest = e.digest), 0)"
-                "  FROM main.extents e WHERE e.digest IS NOT NULL GROUP BY e.digest;"
+                "INSERT INTO main.blockrefs(digest, refs, stored_len, row_check)"
+                "  SELECT digest, refs, stored_len, " BLOCKREF_CHECK " FROM (SELECT e.digest AS digest, count(*) AS refs,"
+                "    coalesce((SELECT stored_len FROM lens WHERE lens.digest = e.digest), 0) AS stored_len"
+                "    FROM main.extents e WHERE e.digest IS NOT NULL GROUP BY e.digest);"
                 "DROP TABLE lens;");
         if (r < 0)
                 goto fail;
@@ -282,7 +309,12 @@ static int fold_one(Store *s, const FoldCandidate *fc, StoreReapStats *stats) {
                 r = swap_in(s, fc, merged);
         if (r < 0) {
                 (void) layer_unlink(s, merged);
-                return r;
+                if (r != -EIO)
+                        return r;
+                /* A damaged row: the pair stays as it is, for scrub to
+                 * name and reads to refuse, and the reaper goes on. */
+                block_count_corruption(s);
+                return 0;
         }
         stats->bytes_freed += layer_file_bytes(s, fc->lower) + layer_file_bytes(s, fc->upper);
         (void) layer_unlink(s, fc->lower);

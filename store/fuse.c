@@ -1063,7 +1063,7 @@ _noreturn_ static void background_server(Store *inherited, const char *name, con
         pid_t holder = 0;
         int r;
 
-        (void) store_close(inherited);
+        store_close_inherited();
         r = path ? store_open(path, &s) : -ENOMEM;
         if (r >= 0)
                 r = serve(s, name, mountpoint, opts, &notify_fd, &holder);

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 #include "sqlite-util.h"
 #include "store-internal.h"
@@ -21,9 +22,10 @@
  * the offset from which the lower layers' extents of an inode no longer
  * count (it shrinks on truncate); data holds a small file's content (zstd
  * compressed if data_zstd) or a symlink's target, with data_check, the
- * XXH3-64 of the stored bytes: SQLite checksums none of its pages. */
+ * XXH3-64 of the stored bytes; row_check is each row's check (see
+ * store-internal.h). */
 static const char layer_schema[] =
-        "CREATE TABLE info(key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;"
+        "CREATE TABLE info(key TEXT PRIMARY KEY, value INTEGER NOT NULL, row_check INTEGER NOT NULL) WITHOUT ROWID;"
         "CREATE TABLE inodes("
         "  ino INTEGER PRIMARY KEY,"
         "  mode INTEGER NOT NULL,"
@@ -39,28 +41,176 @@ static const char layer_schema[] =
         "  lower_limit INTEGER NOT NULL,"
         "  data BLOB,"
         "  data_zstd INTEGER NOT NULL DEFAULT 0,"
-        "  data_check INTEGER NOT NULL DEFAULT 0);"
+        "  data_check INTEGER NOT NULL DEFAULT 0,"
+        "  row_check INTEGER NOT NULL);"
         "CREATE TABLE dentries("
         "  parent INTEGER NOT NULL,"
         "  name BLOB NOT NULL,"
         "  ino INTEGER NOT NULL,"
         "  type INTEGER NOT NULL,"
+        "  row_check INTEGER NOT NULL,"
         "  PRIMARY KEY (parent, name)) WITHOUT ROWID;"
         "CREATE TABLE xattrs("
         "  ino INTEGER NOT NULL,"
         "  name BLOB NOT NULL,"
         "  value BLOB NOT NULL,"
+        "  row_check INTEGER NOT NULL,"
         "  PRIMARY KEY (ino, name)) WITHOUT ROWID;"
         "CREATE TABLE extents("
         "  ino INTEGER NOT NULL,"
         "  idx INTEGER NOT NULL,"
         "  digest BLOB,"
         "  len INTEGER NOT NULL,"
+        "  row_check INTEGER NOT NULL,"
         "  PRIMARY KEY (ino, idx)) WITHOUT ROWID;"
         "CREATE TABLE blockrefs("
         "  digest BLOB PRIMARY KEY,"
         "  refs INTEGER NOT NULL,"
-        "  stored_len INTEGER NOT NULL) WITHOUT ROWID;";
+        "  stored_len INTEGER NOT NULL,"
+        "  row_check INTEGER NOT NULL) WITHOUT ROWID;";
+
+/* The tables with row checks, each with the check of its rows. */
+static const struct {
+        const char *table;
+        const char *check;
+} checked_tables[] = {
+        { "info", INFO_CHECK },
+        { "inodes", INODE_CHECK },
+        { "dentries", DENTRY_CHECK },
+        { "xattrs", XATTR_CHECK },
+        { "extents", EXTENT_CHECK },
+        { "blockrefs", BLOCKREF_CHECK },
+};
+
+/* cowbox_check(...): XXH3-64 over the arguments, each as a type tag and
+ * its value (integers as 8 bytes little endian, text and blobs with their
+ * length first), so that values cannot run into each other. */
+static void sql_row_check(sqlite3_context *ctx, int argc, sqlite3_value **argv) {
+        XXH3_state_t *state = sqlite3_user_data(ctx);
+
+        (void) XXH3_64bits_reset(state);
+        for (int i = 0; i < argc; i++) {
+                uint8_t head[9];
+                size_t head_len = 1;
+                const void *bytes = NULL;
+                uint32_t len = 0;
+
+                switch (sqlite3_value_type(argv[i])) {
+                case SQLITE_INTEGER:
+                case SQLITE_FLOAT: {
+                        uint64_t v = (uint64_t) sqlite3_value_int64(argv[i]);
+
+                        head[0] = 'i';
+                        for (unsigned b = 0; b < 8; b++)
+                                head[1 + b] = (uint8_t) (v >> (8 * b));
+                        head_len = 9;
+                        break;
+                }
+                case SQLITE_TEXT:
+                case SQLITE_BLOB:
+                        bytes = sqlite3_value_blob(argv[i]);
+                        len = (uint32_t) sqlite3_value_bytes(argv[i]);
+                        head[0] = 'b';
+                        for (unsigned b = 0; b < 4; b++)
+                                head[1 + b] = (uint8_t) (len >> (8 * b));
+                        head_len = 5;
+                        break;
+                default:
+                        head[0] = 'n';
+                        break;
+                }
+                (void) XXH3_64bits_update(state, head, head_len);
+                if (len > 0)
+                        (void) XXH3_64bits_update(state, bytes, len);
+        }
+        sqlite3_result_int64(ctx, (sqlite3_int64) XXH3_64bits_digest(state));
+}
+
+static void free_check_state(void *p) {
+        (void) XXH3_freeState(p);
+}
+
+/* A connection is used by one thread at a time: it gets its own state. */
+static int register_row_check(sqlite3 *db) {
+        XXH3_state_t *state = XXH3_createState();
+
+        if (!state)
+                return -ENOMEM;
+        return sqlite_errno(sqlite3_create_function_v2(db, "cowbox_check", -1,
+                                                       SQLITE_UTF8 | SQLITE_DETERMINISTIC | SQLITE_INNOCUOUS,
+                                                       state, sql_row_check, NULL, NULL, free_check_state));
+}
+
+static int layer_connect(const char *path, int flags, bool wal, sqlite3 **ret) {
+        _cleanup_sqlite_ sqlite3 *db = NULL;
+        int r;
+
+        r = sqlite_open(path, flags, wal, &db);
+        if (r < 0)
+                return r;
+        r = register_row_check(db);
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(db);
+        return 0;
+}
+
+bool layer_has_row_checks(sqlite3 *db, const char *schema) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_free_ char *sql = NULL;
+
+        if (asprintf(&sql, "SELECT row_check FROM \"%s\".inodes LIMIT 0", schema) < 0)
+                return false;
+        return sqlite3_prepare_v2(db, sql, -1, &st, NULL) == SQLITE_OK;
+}
+
+int layer_count_damaged_rows(sqlite3 *db, const char *schema, int64_t *ret) {
+        int64_t total = 0;
+
+        if (!layer_has_row_checks(db, schema)) {
+                *ret = 0;
+                return 0;
+        }
+        for (size_t i = 0; i < ELEMENTSOF(checked_tables); i++) {
+                _cleanup_free_ char *sql = NULL;
+                int64_t n = 0;
+                int r;
+
+                if (asprintf(&sql, "SELECT count(*) FROM \"%s\".%s WHERE row_check IS NOT %s", schema,
+                             checked_tables[i].table, checked_tables[i].check) < 0)
+                        return -ENOMEM;
+                r = sqlite_query_int(db, sql, &n);
+                if (r < 0)
+                        return r;
+                total += n;
+        }
+        *ret = total;
+        return 0;
+}
+
+/* Gives a layer written before row checks its checks, in one transaction. */
+static int add_row_checks(sqlite3 *db) {
+        int r;
+
+        if (layer_has_row_checks(db, "main"))
+                return 0;
+        r = sqlite_begin(db);
+        for (size_t i = 0; r >= 0 && i < ELEMENTSOF(checked_tables); i++) {
+                _cleanup_free_ char *sql = NULL;
+
+                if (asprintf(&sql, "ALTER TABLE %1$s ADD COLUMN row_check INTEGER NOT NULL DEFAULT 0;"
+                                   "UPDATE %1$s SET row_check = %2$s;",
+                             checked_tables[i].table, checked_tables[i].check) < 0)
+                        r = -ENOMEM;
+                else
+                        r = sqlite_exec(db, sql);
+        }
+        if (r >= 0)
+                r = sqlite_commit(db);
+        if (r < 0)
+                sqlite_rollback(db);
+        return r;
+}
 
 int layer_path(Store *s, uint64_t id, char **ret) {
         return asprintf(ret, "%s/layers/%" PRIu64 ".db", s->path, id) < 0 ? -ENOMEM : 0;
@@ -83,8 +233,11 @@ int layer_write_counters(sqlite3 *db, const LayerCounters *c) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         int r;
 
-        r = sqlite_prepare(db, "INSERT OR REPLACE INTO info(key, value) VALUES "
-                               "('next_ino', ?1), ('logical_bytes', ?2), ('inodes', ?3), ('stored_bytes', ?4)", &st);
+        r = sqlite_prepare(db, "INSERT OR REPLACE INTO info(key, value, row_check) VALUES "
+                               "('next_ino', ?1, cowbox_check('info', 'next_ino', ?1)),"
+                               "('logical_bytes', ?2, cowbox_check('info', 'logical_bytes', ?2)),"
+                               "('inodes', ?3, cowbox_check('info', 'inodes', ?3)),"
+                               "('stored_bytes', ?4, cowbox_check('info', 'stored_bytes', ?4))", &st);
         if (r < 0)
                 return r;
         sqlite3_bind_int64(st, 1, (sqlite3_int64) c->next_ino);
@@ -99,13 +252,16 @@ int layer_read_counters(sqlite3 *db, LayerCounters *ret) {
         int r;
 
         *ret = (LayerCounters) {};
-        r = sqlite_prepare(db, "SELECT key, value FROM info", &st);
+        r = sqlite_prepare(db, layer_has_row_checks(db, "main") ? "SELECT key, value, row_check IS " INFO_CHECK " FROM info"
+                                                                : "SELECT key, value, 1 FROM info", &st);
         if (r < 0)
                 return r;
         while ((r = sqlite_step_row(st)) > 0) {
                 const char *key = (const char *) sqlite3_column_text(st, 0);
                 uint64_t v = (uint64_t) sqlite3_column_int64(st, 1);
 
+                if (!sqlite3_column_int(st, 2))
+                        return -EIO;
                 if (streq(key, "next_ino"))
                         ret->next_ino = v;
                 else if (streq(key, "logical_bytes"))
@@ -126,7 +282,8 @@ static int insert_root(sqlite3 *db) {
         int r;
 
         r = sqlite_prepare(db, "INSERT INTO inodes(ino, mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, "
-                               "ctime_ns, parent, lower_limit, data) VALUES (1, ?1, 2, 0, 0, 0, 0, ?2, ?2, ?2, 1, 0, NULL)",
+                               "ctime_ns, parent, lower_limit, data, row_check) VALUES (1, ?1, 2, 0, 0, 0, 0, ?2, ?2, ?2, 1, 0, "
+                               "NULL, cowbox_check('inode', 1, ?1, 2, 0, 0, 0, 0, ?2, ?2, ?2, 1, 0, 0, 0))",
                            &st);
         if (r < 0)
                 return r;
@@ -150,7 +307,7 @@ int layer_create(Store *s, uint64_t id, const LayerCounters *inherit, bool with_
                 return -ENOMEM;
         (void) unlink(tmp);
 
-        r = sqlite_open(tmp, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, false, &db);
+        r = layer_connect(tmp, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, false, &db);
         if (r < 0)
                 return r;
         c.stored_bytes = 0;
@@ -202,18 +359,27 @@ int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret) {
                 mode = LAYER_READ;
 
         switch (mode) {
-        case LAYER_WRITE:
-                return sqlite_open(path, SQLITE_OPEN_READWRITE, true, ret);
+        case LAYER_WRITE: {
+                _cleanup_sqlite_ sqlite3 *db = NULL;
+
+                r = layer_connect(path, SQLITE_OPEN_READWRITE, true, &db);
+                if (r >= 0)
+                        r = add_row_checks(db);
+                if (r < 0)
+                        return r;
+                *ret = TAKE_PTR(db);
+                return 0;
+        }
         case LAYER_READ:
                 /* Read-write without ever writing: after a writer's crash the
                  * WAL needs recovery, which a read-only connection cannot do. */
-                return sqlite_open(path, SQLITE_OPEN_READWRITE, false, ret);
+                return layer_connect(path, SQLITE_OPEN_READWRITE, false, ret);
         case LAYER_READ_FROZEN:
                 /* A sealed layer never changes and has no journal: immutable
                  * skips all locking. */
                 if (asprintf(&uri, "file:%s?immutable=1", path) < 0)
                         return -ENOMEM;
-                return sqlite_open(uri, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, false, ret);
+                return layer_connect(uri, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, false, ret);
         }
         return -EINVAL;
 }

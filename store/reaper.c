@@ -345,22 +345,18 @@ static int remove_orphan_layer_files(Store *s, StoreReapStats *stats) {
         return 0;
 }
 
-static int mark_layer(Store *s, uint64_t id, DigestSet *live) {
-        _cleanup_sqlite_ sqlite3 *db = NULL;
+static int mark_digests(sqlite3 *db, const char *sql, DigestSet *live, bool *ret_damaged) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         int r;
 
-        r = layer_open(s, id, LAYER_READ, &db);
-        if (r == -ENOENT)
-                return 0;
-        if (r < 0)
-                return r;
-        r = sqlite_prepare(db, "SELECT digest FROM blockrefs", &st);
+        r = sqlite_prepare(db, sql, &st);
         if (r < 0)
                 return r;
         while ((r = sqlite_step_row(st)) > 0) {
                 Digest d;
 
+                if (!sqlite3_column_int(st, 1))
+                        *ret_damaged = true;
                 if (sqlite3_column_bytes(st, 0) != sizeof d.bytes)
                         continue;
                 memcpy(d.bytes, sqlite3_column_blob(st, 0), sizeof d.bytes);
@@ -369,6 +365,29 @@ static int mark_layer(Store *s, uint64_t id, DigestSet *live) {
                         return r;
         }
         return r;
+}
+
+/* Marks the blocks the layer references. Should a row of its block set be
+ * damaged, its digest may be wrong: every digest its extents name is
+ * marked too, so that no block in use is ever swept. */
+static int mark_layer(Store *s, uint64_t id, DigestSet *live) {
+        _cleanup_sqlite_ sqlite3 *db = NULL;
+        bool damaged = false;
+        int r;
+
+        r = layer_open(s, id, LAYER_READ, &db);
+        if (r == -ENOENT)
+                return 0;
+        if (r < 0)
+                return r;
+        r = mark_digests(db, layer_has_row_checks(db, "main")
+                                     ? "SELECT digest, row_check IS " BLOCKREF_CHECK " FROM blockrefs"
+                                     : "SELECT digest, 1 FROM blockrefs",
+                         live, &damaged);
+        if (r < 0 || !damaged)
+                return r;
+        block_count_corruption(s);
+        return mark_digests(db, "SELECT DISTINCT digest, 1 FROM extents WHERE digest IS NOT NULL", live, &damaged);
 }
 
 /* Unindexes the blocks the mark phase did not reach, then punches them
@@ -632,9 +651,12 @@ int store_reap_in_background(Store *s) {
         if (pid < 0)
                 return -errno;
         if (pid == 0) {
+                _cleanup_free_ char *path = strdup(s->path);
                 Store *t = NULL;
 
-                if (setsid() < 0 || fork() != 0)
+                /* Here, while the caller waits for us: see store.h. */
+                store_close_inherited();
+                if (!path || setsid() < 0 || fork() != 0)
                         _exit(EXIT_SUCCESS);
                 (void) signal(SIGHUP, SIG_IGN);
                 for (int fd = 0; fd < 3; fd++) {
@@ -644,7 +666,7 @@ int store_reap_in_background(Store *s) {
                                 (void) close(null);
                         }
                 }
-                if (store_open(s->path, &t) < 0)
+                if (store_open(path, &t) < 0)
                         _exit(EXIT_FAILURE);
                 (void) store_reap(t, true, NULL, NULL);
                 store_close(t);

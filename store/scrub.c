@@ -265,6 +265,119 @@ static int scrub_inline_stack(Store *s, const Stack *st, void *userdata) {
         return r;
 }
 
+/* Whether a layer above the given one decides what block idx of ino is: an
+ * extent of its own, or an inode row that cuts the layers below off. */
+static int stack_extent_hidden(const Stack *st, size_t layer, uint64_t ino, uint64_t idx) {
+        for (size_t i = 0; i < layer; i++) {
+                int64_t found = 0;
+                char sql[256];
+                int r;
+
+                if (!st->dbs[i])
+                        continue;
+                snprintf(sql, sizeof sql,
+                         "SELECT (SELECT count(*) FROM extents WHERE ino = %1$" PRIu64 " AND idx = %2$" PRIu64 ") + "
+                         "(SELECT count(*) FROM inodes WHERE ino = %1$" PRIu64 " AND (data IS NOT NULL OR "
+                         "lower_limit <= %2$" PRIu64 " * " STRINGIFY(STORE_BLOCK_SIZE) "))",
+                         ino, idx);
+                r = sqlite_query_int(st->dbs[i], sql, &found);
+                if (r < 0)
+                        return r;
+                if (found > 0)
+                        return 1;
+        }
+        return 0;
+}
+
+/* Rows whose check fails, table by table: the file each one is part of, and
+ * how to tell whether a layer above hides it (NULL: it counts wherever it
+ * is; a damaged directory entry fails its directory's listing). */
+typedef enum RowHiding {
+        ROW_HIDDEN_BY_INODE,
+        ROW_HIDDEN_BY_EXTENT,
+        ROW_NEVER_HIDDEN,
+} RowHiding;
+
+static const struct {
+        const char *sql;        /* columns: the inode to name, the block index */
+        const char *reason;
+        RowHiding hiding;
+} damaged_row_queries[] = {
+        { "SELECT ino, 0 FROM inodes WHERE row_check IS NOT " INODE_CHECK,
+          "inode record checksum mismatch", ROW_HIDDEN_BY_INODE },
+        { "SELECT DISTINCT parent, 0 FROM dentries WHERE row_check IS NOT " DENTRY_CHECK,
+          "directory entry checksum mismatch", ROW_NEVER_HIDDEN },
+        { "SELECT DISTINCT ino, 0 FROM xattrs WHERE row_check IS NOT " XATTR_CHECK,
+          "extended attribute checksum mismatch", ROW_HIDDEN_BY_INODE },
+        { "SELECT ino, idx FROM extents WHERE row_check IS NOT " EXTENT_CHECK,
+          "extent record checksum mismatch", ROW_HIDDEN_BY_EXTENT },
+        { "SELECT 0, 0 FROM blockrefs WHERE row_check IS NOT " BLOCKREF_CHECK " LIMIT 1",
+          "block reference count checksum mismatch", ROW_NEVER_HIDDEN },
+        { "SELECT 0, 0 FROM info WHERE row_check IS NOT " INFO_CHECK " LIMIT 1",
+          "layer counters checksum mismatch", ROW_NEVER_HIDDEN },
+};
+
+static void report_layer_damage(DamageReport *rep, const Stack *st) {
+        rep->damage->subvolume = st->subvolume;
+        rep->damage->path = NULL;
+        if (rep->cb)
+                rep->cb(rep->damage, rep->userdata);
+        rep->reported = true;
+}
+
+/* Every row of every layer of the stack is checked. */
+static int scrub_rows_stack(Store *s, const Stack *st, void *userdata) {
+        DamageReport *rep = userdata;
+        int r = 0;
+
+        for (size_t l = 0; r >= 0 && l < st->n; l++) {
+                if (!st->dbs[l] || !layer_has_row_checks(st->dbs[l], "main"))
+                        continue;
+                for (size_t i = 0; r >= 0 && i < ELEMENTSOF(damaged_row_queries); i++) {
+                        _cleanup_stmt_ sqlite3_stmt *q = NULL;
+
+                        r = sqlite_prepare(st->dbs[l], damaged_row_queries[i].sql, &q);
+                        while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
+                                uint64_t ino = (uint64_t) sqlite3_column_int64(q, 0);
+                                uint64_t idx = (uint64_t) sqlite3_column_int64(q, 1);
+                                StoreDamage damage = { .reason = damaged_row_queries[i].reason };
+
+                                switch (damaged_row_queries[i].hiding) {
+                                case ROW_HIDDEN_BY_INODE:
+                                        r = stack_row_hidden(st, l, ino);
+                                        break;
+                                case ROW_HIDDEN_BY_EXTENT:
+                                        r = stack_extent_hidden(st, l, ino, idx);
+                                        break;
+                                case ROW_NEVER_HIDDEN:
+                                        r = 0;
+                                        break;
+                                }
+                                if (r != 0)
+                                        continue; /* another layer's row is the one in use */
+                                block_count_corruption(s);
+                                rep->stats->rows_damaged++;
+                                snprintf(damage.digest, sizeof damage.digest, "layer %" PRIu64, st->ids[l]);
+                                rep->damage = &damage;
+                                if (ino == 0)
+                                        report_layer_damage(rep, st);
+                                else
+                                        report_damage(rep, st, ino);
+                        }
+                }
+                if (r >= 0) {
+                        int64_t n = 0;
+
+                        r = sqlite_query_int(st->dbs[l],
+                                             "SELECT (SELECT count(*) FROM inodes) + (SELECT count(*) FROM dentries) + "
+                                             "(SELECT count(*) FROM xattrs) + (SELECT count(*) FROM extents) + "
+                                             "(SELECT count(*) FROM blockrefs) + (SELECT count(*) FROM info)", &n);
+                        rep->stats->rows_checked += (uint64_t) n;
+                }
+        }
+        return r;
+}
+
 int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *ret) {
         _cleanup_free_ BlockRow *rows = NULL;
         _cleanup_free_ uint8_t *buf = NULL;
@@ -306,6 +419,8 @@ int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *r
                 }
         }
         r = for_each_stack(s, scrub_inline_stack, &(DamageReport) { .cb = cb, .userdata = userdata, .stats = &stats });
+        if (r >= 0)
+                r = for_each_stack(s, scrub_rows_stack, &(DamageReport) { .cb = cb, .userdata = userdata, .stats = &stats });
         if (r < 0)
                 return r;
         if (ret)
@@ -354,33 +469,43 @@ static int check_integrity(Fsck *f, sqlite3 *db, const char *what) {
         return r;
 }
 
+#define REBUILD_BLOCKREFS(check_column, check)                                                            \
+        "BEGIN;"                                                                                          \
+        "CREATE TEMP TABLE lens AS SELECT digest, stored_len FROM blockrefs;"                            \
+        "DELETE FROM blockrefs;"                                                                          \
+        "INSERT INTO blockrefs(digest, refs, stored_len" check_column ")"                                 \
+        "  SELECT digest, refs, stored_len" check " FROM (SELECT e.digest AS digest, count(*) AS refs,"    \
+        "    coalesce((SELECT stored_len FROM lens WHERE lens.digest = e.digest), 0) AS stored_len"       \
+        "    FROM extents e WHERE e.digest IS NOT NULL GROUP BY e.digest);"                               \
+        "DROP TABLE lens;"                                                                                \
+        "COMMIT;"
+
 /* The layer's block set must be what its extents reference, each block in
- * the index. */
+ * the index; every record must pass its checksum. */
 static int check_layer_blocks(Fsck *f, uint64_t id) {
         _cleanup_sqlite_ sqlite3 *db = NULL;
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         char what[64];
-        int64_t mismatched = 0;
+        int64_t mismatched = 0, damaged = 0;
         int r;
 
         r = layer_exists(f->store, id);
         if (r <= 0)
                 return r;
-        if (f->repair) {
-                _cleanup_free_ char *path = NULL;
-
-                /* Opened as it is: a sealed layer must stay without a WAL. */
-                r = layer_path(f->store, id, &path);
-                if (r >= 0)
-                        r = sqlite_open(path, SQLITE_OPEN_READWRITE, false, &db);
-        } else
-                r = layer_open(f->store, id, LAYER_READ, &db);
+        /* Read-write, in whatever journal mode it is in: a sealed layer
+         * stays without a WAL when repaired. */
+        r = layer_open(f->store, id, LAYER_READ, &db);
         if (r < 0)
                 return r;
         snprintf(what, sizeof what, "layer %" PRIu64, id);
         r = check_integrity(f, db, what);
         if (r < 0)
                 return r;
+        r = layer_count_damaged_rows(db, "main", &damaged);
+        if (r < 0)
+                return r;
+        if (damaged > 0)
+                problem(f, false, "%s: %" PRId64 " records fail their checksum ('scrub' names the files)", what, damaged);
 
         r = sqlite_query_int(db,
                              "SELECT count(*) FROM (SELECT digest, count(*) AS n FROM extents WHERE digest IS NOT NULL "
@@ -392,15 +517,10 @@ static int check_layer_blocks(Fsck *f, uint64_t id) {
         if (mismatched > 0) {
                 bool fixed = false;
 
+                /* Rebuilt from the extents; a damaged extent stays damaged. */
                 if (f->repair)
-                        fixed = sqlite_exec(db,
-                                            "BEGIN;"
-                                            "CREATE TEMP TABLE lens AS SELECT digest, stored_len FROM blockrefs;"
-                                            "DELETE FROM blockrefs;"
-                                            "INSERT INTO blockrefs SELECT e.digest, count(*), coalesce((SELECT stored_len "
-                                            "  FROM lens WHERE lens.digest = e.digest), 0) FROM extents e "
-                                            "  WHERE e.digest IS NOT NULL GROUP BY e.digest;"
-                                            "COMMIT;") >= 0;
+                        fixed = sqlite_exec(db, layer_has_row_checks(db, "main") ? REBUILD_BLOCKREFS(", row_check", ", " BLOCKREF_CHECK)
+                                                                          : REBUILD_BLOCKREFS("", "")) >= 0;
                 problem(f, fixed, "%s: %" PRId64 " block reference counts disagree with its extents", what, mismatched);
         }
 

@@ -71,6 +71,9 @@ struct Store {
 
         struct Packs *packs;
         SpaceGuard space;
+
+        /* In the list of this process's open stores. */
+        Store *open_prev, *open_next;
 };
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(Store *, store_close);
@@ -176,6 +179,29 @@ int layer_write_counters(sqlite3 *db, const LayerCounters *c);
 int layer_stack_counters(Store *s, const uint64_t *ids, size_t n, LayerCounters *ret);
 int layer_unlink(Store *s, uint64_t id);
 uint64_t layer_file_bytes(Store *s, uint64_t id);
+
+/* Row checks. Every row of a layer's tables carries row_check, the
+ * cowbox_check() of its other columns (an inline content is covered through
+ * data_check), so that a row changed behind SQLite's back is caught: SQLite
+ * checksums none of its pages. Statements that write a row compute it with
+ * the row; statements that read one return "row_check IS <check>" as a
+ * column, which is 0 for a damaged row. Layers written before row checks
+ * existed lack the column: their rows read as intact, and such a layer is
+ * given checks when it is opened for writing. */
+#define INODE_CHECK_WITH(lower_limit)                                                                   \
+        "cowbox_check('inode', ino, mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, parent, " \
+        lower_limit ", data_zstd, data_check)"
+#define INODE_CHECK INODE_CHECK_WITH("lower_limit")
+#define DENTRY_CHECK "cowbox_check('dentry', parent, name, ino, type)"
+#define XATTR_CHECK "cowbox_check('xattr', ino, name, value)"
+#define EXTENT_CHECK "cowbox_check('extent', ino, idx, digest, len)"
+#define BLOCKREF_CHECK "cowbox_check('blockref', digest, refs, stored_len)"
+#define INFO_CHECK "cowbox_check('info', key, value)"
+
+/* Whether the layer attached as schema ("main", ...) has row checks. */
+bool layer_has_row_checks(sqlite3 *db, const char *schema);
+/* The number of rows of the layer whose check fails, in all its tables. */
+int layer_count_damaged_rows(sqlite3 *db, const char *schema, int64_t *ret);
 
 /* ---- blocks.c ---- */
 typedef struct BlockLocation {

@@ -228,6 +228,37 @@ static int catalog_read_identity(Store *s) {
         return s->uuid[0] ? 0 : -EUCLEAN;
 }
 
+/* The stores this process has open, for store_close_inherited(). */
+static pthread_mutex_t open_stores_lock = PTHREAD_MUTEX_INITIALIZER;
+static Store *open_stores;
+
+static void open_stores_add(Store *s) {
+        MUTEX_LOCKED(&open_stores_lock);
+        s->open_next = open_stores;
+        if (open_stores)
+                open_stores->open_prev = s;
+        open_stores = s;
+}
+
+static void open_stores_remove(Store *s) {
+        MUTEX_LOCKED(&open_stores_lock);
+        if (s->open_prev)
+                s->open_prev->open_next = s->open_next;
+        else if (open_stores == s)
+                open_stores = s->open_next;
+        if (s->open_next)
+                s->open_next->open_prev = s->open_prev;
+        s->open_prev = s->open_next = NULL;
+}
+
+void store_close_inherited(void) {
+        /* The child has one thread: a lock another thread of the parent
+         * held at fork() would never be released. */
+        pthread_mutex_init(&open_stores_lock, NULL);
+        while (open_stores)
+                store_close(open_stores);
+}
+
 int store_open(const char *path, Store **ret) {
         _cleanup_(store_closep) Store *s = NULL;
         _cleanup_free_ char *catalog = NULL;
@@ -285,6 +316,7 @@ int store_open(const char *path, Store **ret) {
         if (r < 0)
                 return r;
 
+        open_stores_add(s);
         *ret = TAKE_PTR(s);
         return 0;
 }
@@ -292,6 +324,7 @@ int store_open(const char *path, Store **ret) {
 Store *store_close(Store *s) {
         if (!s)
                 return NULL;
+        open_stores_remove(s);
         s->packs = packs_free(s->packs);
         if (s->catalog)
                 sqlite3_close_v2(s->catalog);

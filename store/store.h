@@ -37,6 +37,14 @@ int store_init(const char *path);
 int store_open(const char *path, Store **ret);
 Store *store_close(Store *s);
 
+/* Closes every store the process had open when it forked, in the child.
+ * SQLite's state does not survive fork(): a child that opens the store
+ * again while the parent's connections are still in its memory shares
+ * their lock state without holding their locks, and its commits can be
+ * lost when the parent closes. Call it first thing in the child, before
+ * any descriptor is closed, while the parent still runs. */
+void store_close_inherited(void);
+
 const char *store_path(const Store *s);
 
 /* A subvolume's description, as list and show report it. */
@@ -177,7 +185,7 @@ int store_reap_in_background(Store *s);
 typedef struct StoreDamage {
         uint64_t pack;
         uint64_t offset;
-        char digest[33];        /* hex */
+        char digest[33];        /* hex; for damaged metadata, the layer it is in */
         const char *reason;     /* "checksum mismatch", "truncated record", ... */
         const char *subvolume;  /* one call per (subvolume, path) that uses the block */
         const char *path;       /* NULL if no file uses it any more */
@@ -190,6 +198,8 @@ typedef struct StoreScrubStats {
         uint64_t bytes_checked;
         uint64_t blocks_damaged;
         uint64_t files_damaged;
+        uint64_t rows_checked;  /* metadata records of the layers */
+        uint64_t rows_damaged;
 } StoreScrubStats;
 
 int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *ret);

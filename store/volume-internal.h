@@ -22,6 +22,7 @@ typedef struct VolumeLayer {
         sqlite3_stmt *list_extents;
         sqlite3_stmt *get_xattr;
         sqlite3_stmt *list_xattrs;
+        sqlite3_stmt *copy_xattrs;
 } VolumeLayer;
 
 /* Statements that change the top layer. */
@@ -122,6 +123,9 @@ typedef struct InodeRow {
 #define LOWER_LIMIT_NONE ((uint64_t) INT64_MAX)
 
 void inode_row_clear(InodeRow *row);
+/* 0 if the row a layer query stands on passed its row check (the given
+ * column), else -EIO, counted as corruption. */
+int volume_row_intact(Volume *v, sqlite3_stmt *st, int column);
 
 /* ---- volume.c ---- */
 int volume_ensure_top(Volume *v);

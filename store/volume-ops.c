@@ -570,6 +570,8 @@ static int xattr_find(Volume *v, const InodeRow *row, const char *name, sqlite3_
         sqlite3_bind_int64(st, 1, (sqlite3_int64) row->ino);
         sqlite3_bind_blob(st, 2, name, (int) strlen(name), SQLITE_STATIC);
         r = sqlite_step_row(st);
+        if (r > 0)
+                r = volume_row_intact(v, st, 1) ?: 1;
         if (r <= 0) {
                 sqlite3_reset(st);
                 return r < 0 ? r : -ENODATA;
@@ -668,6 +670,9 @@ ssize_t volume_listxattr(Volume *v, uint64_t ino, char *buf, size_t size) {
         while ((r = sqlite_step_row(st)) > 0) {
                 size_t n = (size_t) sqlite3_column_bytes(st, 0);
 
+                r = volume_row_intact(v, st, 1);
+                if (r < 0)
+                        break;
                 if (size > 0) {
                         if (total + n + 1 > size) {
                                 sqlite3_reset(st);

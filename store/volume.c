@@ -35,7 +35,7 @@ void inode_row_clear(InodeRow *row) {
 static void layer_finalize(VolumeLayer *l) {
         sqlite3_stmt **stmts[] = {
                 &l->get_inode, &l->get_dentry, &l->list_dentries, &l->get_extent,
-                &l->list_extents, &l->get_xattr, &l->list_xattrs,
+                &l->list_extents, &l->get_xattr, &l->list_xattrs, &l->copy_xattrs,
         };
 
         for (size_t i = 0; i < ELEMENTSOF(stmts); i++) {
@@ -57,47 +57,76 @@ static void top_finalize(Volume *v) {
         v->top_prepared = false;
 }
 
-static int layer_prepare(VolumeLayer *l) {
-        static const PreparedQuery queries[] = {
-                { offsetof(VolumeLayer, get_inode),
-                  "SELECT mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, parent, lower_limit, data, "
-                  "data_zstd, data_check "
-                  "FROM inodes WHERE ino = ?1" },
-                { offsetof(VolumeLayer, get_dentry), "SELECT ino, type FROM dentries WHERE parent = ?1 AND name = ?2" },
-                { offsetof(VolumeLayer, list_dentries), "SELECT name, ino, type FROM dentries WHERE parent = ?1" },
-                { offsetof(VolumeLayer, get_extent), "SELECT digest, len FROM extents WHERE ino = ?1 AND idx = ?2" },
-                { offsetof(VolumeLayer, list_extents),
-                  "SELECT idx, digest, len FROM extents WHERE ino = ?1 ORDER BY idx" },
-                { offsetof(VolumeLayer, get_xattr), "SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2" },
-                { offsetof(VolumeLayer, list_xattrs), "SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name" },
-        };
+/* Each read returns whether its row passed its check as the column after
+ * the row's values (ROW_INTACT_COLUMN_* below); layers without row checks
+ * give 1. */
+#define LAYER_QUERIES(inode_ok, dentry_ok, extent_ok, xattr_ok)                                                  \
+        {                                                                                                        \
+                { offsetof(VolumeLayer, get_inode),                                                              \
+                  "SELECT mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, parent, lower_limit, data, " \
+                  "data_zstd, data_check, " inode_ok " FROM inodes WHERE ino = ?1" },                             \
+                { offsetof(VolumeLayer, get_dentry),                                                             \
+                  "SELECT ino, type, " dentry_ok " FROM dentries WHERE parent = ?1 AND name = ?2" },              \
+                { offsetof(VolumeLayer, list_dentries),                                                          \
+                  "SELECT name, ino, type, " dentry_ok " FROM dentries WHERE parent = ?1" },                      \
+                { offsetof(VolumeLayer, get_extent),                                                             \
+                  "SELECT digest, len, " extent_ok " FROM extents WHERE ino = ?1 AND idx = ?2" },                 \
+                { offsetof(VolumeLayer, list_extents),                                                           \
+                  "SELECT idx, digest, len, " extent_ok " FROM extents WHERE ino = ?1 ORDER BY idx" },            \
+                { offsetof(VolumeLayer, get_xattr),                                                              \
+                  "SELECT value, " xattr_ok " FROM xattrs WHERE ino = ?1 AND name = ?2" },                        \
+                { offsetof(VolumeLayer, list_xattrs),                                                            \
+                  "SELECT name, " xattr_ok " FROM xattrs WHERE ino = ?1 ORDER BY name" },                         \
+                { offsetof(VolumeLayer, copy_xattrs),                                                            \
+                  "SELECT name, value, " xattr_ok " FROM xattrs WHERE ino = ?1" },                                \
+        }
 
-        return sqlite_prepare_all(l->db, queries, ELEMENTSOF(queries), l);
+static int layer_prepare(VolumeLayer *l) {
+        static const PreparedQuery checked[] = LAYER_QUERIES("row_check IS " INODE_CHECK, "row_check IS " DENTRY_CHECK,
+                                                              "row_check IS " EXTENT_CHECK, "row_check IS " XATTR_CHECK);
+        static const PreparedQuery unchecked[] = LAYER_QUERIES("1", "1", "1", "1");
+
+        if (layer_has_row_checks(l->db, "main"))
+                return sqlite_prepare_all(l->db, checked, ELEMENTSOF(checked), l);
+        return sqlite_prepare_all(l->db, unchecked, ELEMENTSOF(unchecked), l);
+}
+
+int volume_row_intact(Volume *v, sqlite3_stmt *st, int column) {
+        if (sqlite3_column_int(st, column))
+                return 0;
+        block_count_corruption(v->store);
+        return -EIO;
 }
 
 static int top_prepare(Volume *v) {
         static const PreparedQuery queries[] = {
                 { offsetof(TopStatements, put_inode),
                   "INSERT OR REPLACE INTO inodes(ino, mode, nlink, uid, gid, rdev, size, atime_ns, mtime_ns, ctime_ns, "
-                  "parent, lower_limit, data, data_zstd, data_check) "
-                  "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)" },
+                  "parent, lower_limit, data, data_zstd, data_check, row_check) "
+                  "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, "
+                  "cowbox_check('inode', ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14, ?15))" },
                 { offsetof(TopStatements, delete_inode), "DELETE FROM inodes WHERE ino = ?1" },
                 { offsetof(TopStatements, put_dentry),
-                  "INSERT OR REPLACE INTO dentries(parent, name, ino, type) VALUES (?1, ?2, ?3, ?4)" },
+                  "INSERT OR REPLACE INTO dentries(parent, name, ino, type, row_check) "
+                  "VALUES (?1, ?2, ?3, ?4, cowbox_check('dentry', ?1, ?2, ?3, ?4))" },
                 { offsetof(TopStatements, delete_dentry), "DELETE FROM dentries WHERE parent = ?1 AND name = ?2" },
                 { offsetof(TopStatements, delete_dentries_of), "DELETE FROM dentries WHERE parent = ?1" },
                 { offsetof(TopStatements, put_extent),
-                  "INSERT OR REPLACE INTO extents(ino, idx, digest, len) VALUES (?1, ?2, ?3, ?4)" },
+                  "INSERT OR REPLACE INTO extents(ino, idx, digest, len, row_check) "
+                  "VALUES (?1, ?2, ?3, ?4, cowbox_check('extent', ?1, ?2, ?3, ?4))" },
                 { offsetof(TopStatements, list_extents_from),
                   "SELECT digest FROM extents WHERE ino = ?1 AND idx >= ?2 AND digest IS NOT NULL" },
                 { offsetof(TopStatements, delete_extents_from), "DELETE FROM extents WHERE ino = ?1 AND idx >= ?2" },
                 { offsetof(TopStatements, put_xattr),
-                  "INSERT OR REPLACE INTO xattrs(ino, name, value) VALUES (?1, ?2, ?3)" },
+                  "INSERT OR REPLACE INTO xattrs(ino, name, value, row_check) "
+                  "VALUES (?1, ?2, ?3, cowbox_check('xattr', ?1, ?2, ?3))" },
                 { offsetof(TopStatements, delete_xattr), "DELETE FROM xattrs WHERE ino = ?1 AND name = ?2" },
                 { offsetof(TopStatements, delete_xattrs_of), "DELETE FROM xattrs WHERE ino = ?1" },
-                { offsetof(TopStatements, get_blockref), "SELECT refs FROM blockrefs WHERE digest = ?1" },
+                { offsetof(TopStatements, get_blockref),
+                  "SELECT refs, row_check IS " BLOCKREF_CHECK " FROM blockrefs WHERE digest = ?1" },
                 { offsetof(TopStatements, put_blockref),
-                  "INSERT OR REPLACE INTO blockrefs(digest, refs, stored_len) VALUES (?1, ?2, ?3)" },
+                  "INSERT OR REPLACE INTO blockrefs(digest, refs, stored_len, row_check) "
+                  "VALUES (?1, ?2, ?3, cowbox_check('blockref', ?1, ?2, ?3))" },
                 { offsetof(TopStatements, delete_blockref), "DELETE FROM blockrefs WHERE digest = ?1" },
                 { offsetof(TopStatements, list_orphans), "SELECT ino FROM inodes WHERE nlink = 0" },
         };
@@ -119,8 +148,47 @@ static void layers_unload(Volume *v) {
         v->n_layers = 0;
 }
 
-/* Opens every layer of the subvolume's stack as the catalog has it now. */
+/* Whether the subvolume's stack in the catalog is still the one loaded. */
+static int layers_current(Volume *v) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+        _cleanup_free_ uint64_t *ids = NULL;
+        size_t n = 0;
+        int r;
+
+        r = catalog_find_subvolume_by_id(v->store, v->subvolume_id, &rec);
+        if (r >= 0)
+                r = catalog_layer_stack(v->store, rec.top_layer, &ids, &n);
+        if (r < 0)
+                return r;
+        if (n != v->n_layers)
+                return 0;
+        for (size_t i = 0; i < n; i++)
+                if (ids[i] != v->layers[i].id)
+                        return 0;
+        return 1;
+}
+
+static int layers_load_once(Volume *v, bool *ret_missing);
+
+/* Opens every layer of the subvolume's stack as the catalog has it now. A
+ * layer without a database is empty, unless the reaper has just folded it
+ * away: then the catalog names a new stack, which is loaded instead. */
 static int layers_load(Volume *v) {
+        for (unsigned attempt = 0;; attempt++) {
+                bool missing = false;
+                int r;
+
+                r = layers_load_once(v, &missing);
+                if (r < 0 || !missing || attempt >= 8)
+                        return r;
+                r = layers_current(v);
+                if (r != 0)
+                        return r < 0 ? r : 0;
+                layers_unload(v);
+        }
+}
+
+static int layers_load_once(Volume *v, bool *ret_missing) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
         _cleanup_free_ uint64_t *ids = NULL;
         size_t n = 0;
@@ -150,8 +218,10 @@ static int layers_load(Volume *v) {
                 if (i == 0 && !rec.readonly)
                         mode = v->writable ? LAYER_WRITE : LAYER_READ;
                 r = layer_open(v->store, l->id, mode, &l->db);
-                if (r == -ENOENT)
+                if (r == -ENOENT) {
+                        *ret_missing = true;
                         continue;
+                }
                 if (r < 0)
                         return r;
                 r = layer_prepare(l);
@@ -516,6 +586,12 @@ static int inline_decode(Volume *v, const void *stored, size_t stored_len, bool 
 }
 
 static int inode_from_stmt(Volume *v, sqlite3_stmt *st, uint64_t ino, size_t layer, InodeRow *ret) {
+        int r;
+
+        *ret = (InodeRow) {};
+        r = volume_row_intact(v, st, 14);
+        if (r < 0)
+                return r;
         *ret = (InodeRow) {
                 .ino = ino,
                 .mode = (mode_t) sqlite3_column_int(st, 0),
@@ -616,25 +692,25 @@ int inode_put(Volume *v, const InodeRow *row) {
 }
 
 static int xattrs_copy_up(Volume *v, uint64_t ino, size_t from_layer) {
-        VolumeLayer *l = &v->layers[from_layer];
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        sqlite3_stmt *st = v->layers[from_layer].copy_xattrs;
         int r;
 
-        r = sqlite_prepare(l->db, "SELECT name, value FROM xattrs WHERE ino = ?1", &st);
-        if (r < 0)
-                return r;
         sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
         while ((r = sqlite_step_row(st)) > 0) {
                 sqlite3_stmt *put = v->top.put_xattr;
 
+                r = volume_row_intact(v, st, 2);
+                if (r < 0)
+                        break;
                 sqlite3_bind_int64(put, 1, (sqlite3_int64) ino);
                 sqlite3_bind_blob(put, 2, sqlite3_column_blob(st, 0), sqlite3_column_bytes(st, 0), SQLITE_TRANSIENT);
                 sqlite3_bind_blob(put, 3, sqlite3_column_blob(st, 1) ?: "", sqlite3_column_bytes(st, 1),
                                   SQLITE_TRANSIENT);
                 r = sqlite_step_done(put);
                 if (r < 0)
-                        return r;
+                        break;
         }
+        sqlite3_reset(st);
         return r;
 }
 
@@ -735,7 +811,10 @@ int dentry_get(Volume *v, uint64_t parent, const char *name, uint64_t *ret_ino, 
                         uint64_t ino = (uint64_t) sqlite3_column_int64(st, 0);
                         mode_t type = (mode_t) sqlite3_column_int(st, 1);
 
+                        r = volume_row_intact(v, st, 2);
                         sqlite3_reset(st);
+                        if (r < 0)
+                                return r;
                         if (ino == 0)
                                 return -ENOENT; /* whiteout */
                         if (ret_ino)
@@ -786,6 +865,8 @@ int dentry_remove(Volume *v, uint64_t parent, const char *name) {
                 r = sqlite_step_row(st);
                 if (r > 0 && sqlite3_column_int64(st, 0) != 0)
                         lower_has_it = true;
+                if (r > 0)
+                        r = volume_row_intact(v, st, 2);
                 sqlite3_reset(st);
                 if (r < 0)
                         return r;
@@ -844,6 +925,12 @@ static int layered_names_collect(Volume *v, uint64_t parent, LayeredName **ret, 
                 while ((r = sqlite_step_row(st)) > 0) {
                         int len = sqlite3_column_bytes(st, 0);
 
+                        /* A damaged entry fails the listing even where a
+                         * layer above hides it: the name itself may be what
+                         * is damaged. */
+                        r = volume_row_intact(v, st, 3);
+                        if (r < 0)
+                                break;
                         if (!GREEDY_REALLOC(names, allocated, n + 1)) {
                                 r = -ENOMEM;
                                 break;
@@ -940,6 +1027,11 @@ int extent_get(Volume *v, const InodeRow *row, uint64_t idx, Digest *ret_digest,
                 sqlite3_bind_int64(l->get_extent, 2, (sqlite3_int64) idx);
                 r = sqlite_step_row(l->get_extent);
                 if (r > 0) {
+                        r = volume_row_intact(v, l->get_extent, 2);
+                        if (r < 0) {
+                                sqlite3_reset(l->get_extent);
+                                return r;
+                        }
                         if (sqlite3_column_type(l->get_extent, 0) != SQLITE_NULL &&
                             sqlite3_column_bytes(l->get_extent, 0) == sizeof ret_digest->bytes) {
                                 memcpy(ret_digest->bytes, sqlite3_column_blob(l->get_extent, 0),
@@ -965,6 +1057,7 @@ int extent_get(Volume *v, const InodeRow *row, uint64_t idx, Digest *ret_digest,
                         bool is_inline = sqlite3_column_type(l->get_inode, 11) != SQLITE_NULL;
 
                         limit = MIN(limit, is_inline ? 0 : lower);
+                        r = volume_row_intact(v, l->get_inode, 14);
                 }
                 sqlite3_reset(l->get_inode);
                 if (r < 0)
@@ -980,8 +1073,12 @@ static int blockref_change(Volume *v, const Digest *d, int delta, uint32_t store
 
         sqlite3_bind_blob(st, 1, d->bytes, sizeof d->bytes, SQLITE_STATIC);
         r = sqlite_step_row(st);
-        if (r > 0)
+        if (r > 0) {
                 refs = sqlite3_column_int64(st, 0);
+                /* A damaged count could free a block still in use. */
+                if (volume_row_intact(v, st, 1) < 0)
+                        r = -EIO;
+        }
         sqlite3_reset(st);
         if (r < 0)
                 return r;
@@ -1021,6 +1118,8 @@ static int top_extent_digest(Volume *v, uint64_t ino, uint64_t idx, Digest *ret)
         sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
         sqlite3_bind_int64(st, 2, (sqlite3_int64) idx);
         r = sqlite_step_row(st);
+        if (r > 0)
+                r = volume_row_intact(v, st, 2) ?: 1;
         if (r > 0) {
                 if (sqlite3_column_bytes(st, 0) == sizeof ret->bytes)
                         memcpy(ret->bytes, sqlite3_column_blob(st, 0), sizeof ret->bytes);

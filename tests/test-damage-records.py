@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Damaged metadata records: a layer's rows changed behind SQLite's back, as
+a failing disk would change them (SQLite checksums none of its pages). An
+inode's attributes, an extent, an xattr, a directory entry and a block
+reference count each carry a checksum: what uses a damaged one gets EIO,
+never the damaged values; scrub names exactly the files concerned, in each
+subvolume, and exits 1; fsck reports the damage. Folding the damaged layer
+into its child must not give the damage a valid checksum, and the reaper
+must not free a block in use when the record that counts it is damaged.
+Layers written before records had checksums are read as they are, and get
+checksums once they are opened for writing."""
+
+import errno
+import os
+import sqlite3
+import sys
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cowbox_test as t  # noqa: E402
+from cowbox_test import KiB  # noqa: E402
+
+J = os.path.join
+BLOCK = 64 * KiB
+TABLES = ('info', 'inodes', 'dentries', 'xattrs', 'extents', 'blockrefs')
+
+
+def layer_db(store, layer):
+    return sqlite3.connect(J(store.path, 'layers', f'{layer}.db'))
+
+
+def ino_of(db, parent, name):
+    row = db.execute('SELECT ino FROM dentries WHERE parent = ? AND name = ?', (parent, name.encode())).fetchone()
+    t.check(row, f'{name} is not in the layer')
+    return row[0]
+
+
+def expect_eio(what, fn, *args):
+    try:
+        fn(*args)
+    except OSError as e:
+        t.check_equal(errno.errorcode.get(e.errno), 'EIO', f'{what}: error')
+        return
+    t.fail(f'{what} succeeded on a damaged record, expected EIO')
+
+
+def read_blocks(path, expected):
+    """The block offsets that give EIO; every byte returned must be right."""
+    bad = []
+    with open(path, 'rb', buffering=0) as f:
+        for off in range(0, len(expected), BLOCK):
+            try:
+                got = os.pread(f.fileno(), BLOCK, off)
+            except OSError as e:
+                t.check_equal(errno.errorcode.get(e.errno), 'EIO', f'{path} at {off}: error')
+                bad.append(off)
+                continue
+            t.check_bytes(got, expected[off:off + BLOCK], f'{os.path.basename(path)} at offset {off}')
+    return bad
+
+
+FILES = {
+    'attrs.bin': t.random_bytes(2 * BLOCK, 1),
+    'extent.bin': t.random_bytes(3 * BLOCK, 2),
+    'xattr.txt': t.pattern_bytes(3000, 3),
+    'intact.bin': t.random_bytes(3 * BLOCK, 4),
+    'intact.txt': t.pattern_bytes(2000, 5),
+}
+ENTRIES = [f'entry-{i}' for i in range(5)]
+
+
+def populate(m):
+    for name, content in sorted(FILES.items()):
+        t.write_file(m.p(name), content, fsync=True)
+    os.setxattr(m.p('xattr.txt'), 'user.note', b'a note')
+    os.setxattr(m.p('intact.txt'), 'user.note', b'another note')
+    os.mkdir(m.p('listing'))
+    for name in ENTRIES:
+        t.write_file(m.p('listing', name), name.encode(), fsync=True)
+    t.fsync_dir(m.p('listing'))
+    t.fsync_dir(m.p(''))
+
+
+def damage_records(store, layer):
+    """Changes one value of each kind of record, leaving its check as it was."""
+    db = layer_db(store, layer)
+    attrs = ino_of(db, 1, 'attrs.bin')
+    extent = ino_of(db, 1, 'extent.bin')
+    xattr = ino_of(db, 1, 'xattr.txt')
+    intact = ino_of(db, 1, 'intact.bin')
+    listing = ino_of(db, 1, 'listing')
+    changes = [
+        ('UPDATE inodes SET uid = uid + 1 WHERE ino = ?', (attrs,)),
+        ('UPDATE extents SET len = len - 1 WHERE ino = ? AND idx = 1', (extent,)),
+        ("UPDATE xattrs SET value = X'4120766f7465' WHERE ino = ? AND name = CAST('user.note' AS BLOB)", (xattr,)),
+        ("UPDATE dentries SET type = type + 1 WHERE parent = ? AND name = CAST('entry-2' AS BLOB)", (listing,)),
+        # The count of a block of a file that stays intact gets another
+        # digest: the reaper must still keep that block.
+        ('UPDATE blockrefs SET digest = zeroblob(16) WHERE digest = '
+         '(SELECT digest FROM extents WHERE ino = ? AND idx = 0)', (intact,)),
+    ]
+    for sql, args in changes:
+        t.check_equal(db.execute(sql, args).rowcount, 1, f'rows changed by {sql}')
+    db.commit()
+    db.close()
+
+
+def check_reads(m, subvolume):
+    expect_eio(f'{subvolume}: stat of attrs.bin (inode record damaged)', os.stat, m.p('attrs.bin'))
+    t.check_equal(read_blocks(m.p('extent.bin'), FILES['extent.bin']), [BLOCK],
+                  f'{subvolume}/extent.bin: blocks that give EIO')
+    expect_eio(f'{subvolume}: getxattr of xattr.txt', os.getxattr, m.p('xattr.txt'), 'user.note')
+    t.check_bytes(t.read_file(m.p('xattr.txt')), FILES['xattr.txt'], f'{subvolume}/xattr.txt content')
+    expect_eio(f'{subvolume}: listing of a directory with a damaged entry', os.listdir, m.p('listing'))
+    expect_eio(f'{subvolume}: lookup of the damaged entry', os.stat, m.p('listing', 'entry-2'))
+    for name in ENTRIES:
+        if name != 'entry-2':
+            t.check_bytes(t.read_file(m.p('listing', name)), name.encode(), f'{subvolume}/listing/{name}')
+    for name in ('intact.bin', 'intact.txt'):
+        t.check_bytes(t.read_file(m.p(name)), FILES[name], f'{subvolume}/{name}')
+    t.check_equal(os.getxattr(m.p('intact.txt'), 'user.note'), b'another note', f'{subvolume}: intact xattr')
+
+
+def check_scrub(store, subvolumes):
+    r = store.run('scrub', expect=1)
+    report = r.output
+    print(report, flush=True)
+    for name in ('attrs.bin', 'extent.bin', 'xattr.txt', 'listing'):
+        t.check_equal(report.count(f'/{name}\n'), len(subvolumes), f'times scrub names the damaged /{name}')
+    for name in ('intact.bin', 'intact.txt', 'entry-'):
+        t.check_equal(report.count(name), 0, f'times scrub names the intact {name}')
+    t.check('block reference count checksum mismatch' in report, 'scrub reports the damaged block count')
+    summary = store.run('scrub', expect=1, json_output=True).json()
+    t.check(summary['summary']['rows_damaged'] >= 5 * len(subvolumes),
+            f"damaged records counted: {summary['summary']['rows_damaged']}")
+
+
+def test_damaged_records():
+    with t.Store('damage-records') as store:
+        store.create('main')
+        with store.mount('main') as m:
+            populate(m)
+        store.snapshot('main', 'copy', readonly=True)
+        store.run('scrub')
+        store.fsck()
+
+        damage_records(store, store.show('copy')['top_layer'])
+        for subvolume in ('main', 'copy'):
+            with store.mount(subvolume, readonly=subvolume == 'copy') as m:
+                check_reads(m, subvolume)
+        check_scrub(store, ('main', 'copy'))
+        r = store.fsck(expect=1)
+        t.check('records fail their checksum' in r.output, f'fsck reports damaged records:\n{r.output}')
+        t.check(store.usage()['corruption_events'] >= 5, 'corruption events counted')
+
+        # With copy gone, the damaged layer has one child left: the reaper
+        # would fold the two, but must not give the damage valid checks, and
+        # must keep every block still in use.
+        store.delete('copy')
+        store.reap()
+        with store.mount('main') as m:
+            check_reads(m, 'main after the reap')
+        check_scrub(store, ('main',))
+
+
+def drop_row_checks(store, layer):
+    db = layer_db(store, layer)
+    for table in TABLES:
+        db.execute(f'ALTER TABLE {table} DROP COLUMN row_check')
+    db.commit()
+    db.close()
+
+
+def has_row_checks(store, layer):
+    db = layer_db(store, layer)
+    columns = [row[1] for row in db.execute('PRAGMA table_info(inodes)')]
+    db.close()
+    return 'row_check' in columns
+
+
+def check_files(m, what, extra=()):
+    for name, content in sorted(FILES.items()):
+        t.check_bytes(t.read_file(m.p(name)), content, f'{what}: {name}')
+    t.check_equal(os.getxattr(m.p('xattr.txt'), 'user.note'), b'a note', f'{what}: xattr')
+    t.check_equal(sorted(os.listdir(m.p('listing'))), sorted(ENTRIES + list(extra)), f'{what}: listing')
+
+
+def test_layers_without_checks():
+    with t.Store('records-legacy') as store:
+        store.create('old')
+        with store.mount('old') as m:
+            populate(m)
+        layer = store.show('old')['top_layer']
+        drop_row_checks(store, layer)
+
+        # Read as it is, frozen under a snapshot.
+        store.snapshot('old', 'frozen', readonly=True)
+        with store.mount('frozen', readonly=True) as m:
+            check_files(m, 'frozen layer without checks')
+        t.check(not has_row_checks(store, layer), 'a frozen layer was changed')
+        store.run('scrub')
+
+        # A writable top layer without checks gets them when opened.
+        store.create('live')
+        with store.mount('live') as m:
+            populate(m)
+        live_layer = store.show('live')['top_layer']
+        drop_row_checks(store, live_layer)
+        with store.mount('live') as m:
+            check_files(m, 'writable layer without checks')
+            t.write_file(m.p('listing', 'new'), b'new', fsync=True)
+            t.fsync_dir(m.p('listing'))
+        t.check(has_row_checks(store, live_layer), 'the writable layer got no checks')
+        with store.mount('live', readonly=True) as m:
+            check_files(m, 'layer given checks', extra=['new'])
+        store.run('scrub')
+        store.fsck()
+
+
+def run():
+    t.require_fuse()
+    sub = t.Subtests()
+    sub.run('damaged records', test_damaged_records)
+    sub.run('layers without checks', test_layers_without_checks)
+    sub.check()
+
+
+t.main(run)
