@@ -39,7 +39,6 @@
 #define PACK_MAX_BYTES_MIN (256ull * 1024)
 #define PACK_FD_CACHE 64
 #define READ_CACHE_SLOTS 64
-#define ZSTD_LEVEL 3
 /* Direct I/O writes whole pages of this size, from memory aligned to it. */
 #define PACK_PAGE 4096u
 #define STAGE_BYTES (2u * 1024 * 1024)
@@ -143,7 +142,7 @@ int packs_new(Store *s, struct Packs **ret) {
                 packs_free(p);
                 return -ENOMEM;
         }
-        (void) ZSTD_CCtx_setParameter(p->cctx, ZSTD_c_compressionLevel, ZSTD_LEVEL);
+        (void) ZSTD_CCtx_setParameter(p->cctx, ZSTD_c_compressionLevel, STORE_ZSTD_LEVEL);
         *ret = p;
         return 0;
 }
@@ -287,14 +286,20 @@ static int writer_open_new_pack(Store *s) {
         return 0;
 }
 
-/* Compresses when that saves at least 1/16 of the block. */
-static size_t record_encode(struct Packs *p, const void *data, size_t len, const Digest *d) {
+/* Compresses when that saves at least 1/16 of the block. A short block is
+ * a small file's, or a file's tail: the store's dictionary knows it best. */
+static size_t record_encode(Store *s, struct Packs *p, const void *data, size_t len, const Digest *d) {
         PackRecordHeader *h = (PackRecordHeader *) p->scratch;
         uint8_t *payload = p->scratch + sizeof *h;
+        const ZSTD_CDict *cdict = len < STORE_BLOCK_SIZE ? dictionary_for_compression(s) : NULL;
         size_t stored;
         uint8_t compression = PACK_COMPRESSION_ZSTD;
 
-        stored = ZSTD_compress2(p->cctx, payload, ZSTD_compressBound(STORE_BLOCK_SIZE), data, len);
+        if (cdict)
+                stored = ZSTD_compress_usingCDict(p->cctx, payload, ZSTD_compressBound(STORE_BLOCK_SIZE), data, len,
+                                                  cdict);
+        else
+                stored = ZSTD_compress2(p->cctx, payload, ZSTD_compressBound(STORE_BLOCK_SIZE), data, len);
         if (ZSTD_isError(stored) || stored >= len - len / 16) {
                 memcpy(payload, data, len);
                 stored = len;
@@ -399,7 +404,7 @@ int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLoca
                         return r;
         }
 
-        n = record_encode(p, data, len, d);
+        n = record_encode(s, p, data, len, d);
         if (p->stage_len + n > STAGE_BYTES) {
                 r = stage_write(p, false);
                 if (r < 0)
@@ -550,8 +555,8 @@ int pack_record_decode(Store *s, const void *record, size_t record_len, const Di
                 return BAD("data checksum mismatch");
 
         if (h->compression == PACK_COMPRESSION_ZSTD) {
-                n = ZSTD_decompressDCtx(dctx, buf, STORE_BLOCK_SIZE, payload, h->stored_len);
-                if (ZSTD_isError(n) || n != h->raw_len)
+                if (zstd_decompress(s, dctx, buf, STORE_BLOCK_SIZE, payload, h->stored_len, &n) < 0 ||
+                    n != h->raw_len)
                         return BAD("decompression failed");
         } else if (h->compression == PACK_COMPRESSION_NONE) {
                 if (h->stored_len != h->raw_len)

@@ -21,6 +21,11 @@
         "  ctransid INTEGER NOT NULL DEFAULT 0,"           \
         "  stransid INTEGER NOT NULL DEFAULT 0"
 
+/* zstd dictionaries by their zstd ID, with the XXH3-64 of their content. */
+#define DICTIONARIES_SCHEMA                                                                             \
+        "CREATE TABLE IF NOT EXISTS dictionaries(dict_id INTEGER PRIMARY KEY, content BLOB NOT NULL,"  \
+        "  content_check INTEGER NOT NULL, created_usec INTEGER NOT NULL);"
+
 static const char catalog_schema[] =
         "CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
         "CREATE TABLE layers("
@@ -48,7 +53,8 @@ static const char catalog_schema[] =
         "  stored_len INTEGER NOT NULL,"
         "  raw_len INTEGER NOT NULL) WITHOUT ROWID;"
         "CREATE TABLE counters(key TEXT PRIMARY KEY, value INTEGER NOT NULL);"
-        "INSERT INTO counters VALUES ('corruption_events', 0), ('transid', 0);";
+        "INSERT INTO counters VALUES ('corruption_events', 0), ('transid', 0);"
+        DICTIONARIES_SCHEMA;
 
 /* The layers reachable from the tops of live subvolumes. */
 #define LIVE_LAYERS_CTE                                                                \
@@ -62,8 +68,14 @@ int catalog_create_schema(sqlite3 *db) {
 }
 
 int catalog_upgrade(sqlite3 *db) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_stmt_ sqlite3_stmt *st = NULL, *dicts = NULL;
+        int r;
 
+        if (sqlite_prepare(db, "SELECT dict_id FROM dictionaries LIMIT 0", &dicts) < 0) {
+                r = sqlite_exec(db, DICTIONARIES_SCHEMA);
+                if (r < 0)
+                        return r;
+        }
         if (sqlite_prepare(db, "SELECT received_uuid FROM subvolumes LIMIT 0", &st) >= 0)
                 return 0;
         return sqlite_exec(db,
@@ -418,12 +430,13 @@ int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, bool brief, pid_t
                 /* The holder was killed and is on its way out: a remount
                  * straight after a crash waits for it rather than fail. A
                  * holder that needs it for a moment (a fold, a snapshot) is
-                 * waited for too. */
+                 * waited for too. So is one that took the lock and has not
+                 * written its pid yet: the file names nobody alive. */
                 if (lock_is_brief(s, name) && waited < LOCK_BRIEF_WAIT_USEC) {
                         (void) usleep(LOCK_RETRY_USEC);
                         continue;
                 }
-                if (holder <= 0 || !process_is_exiting(holder) || waited >= LOCK_EXITING_WAIT_USEC) {
+                if ((holder > 0 && !process_is_exiting(holder)) || waited >= LOCK_EXITING_WAIT_USEC) {
                         if (ret_holder)
                                 *ret_holder = holder;
                         return -EBUSY;

@@ -230,26 +230,44 @@ static int stack_row_hidden(const Stack *st, size_t layer, uint64_t ino) {
         return 0;
 }
 
+/* Whether an inline content reads: its checksum, and its decompression
+ * (which needs the dictionary it names, if any). */
+static const char *inline_damage(Store *s, ZSTD_DCtx *dctx, sqlite3_stmt *q, void *buf) {
+        const void *data = sqlite3_column_blob(q, 1);
+        size_t len = (size_t) sqlite3_column_bytes(q, 1), n;
+
+        if (inline_check(data, len) != (uint64_t) sqlite3_column_int64(q, 2))
+                return "inline content checksum mismatch";
+        if (sqlite3_column_int(q, 3) && zstd_decompress(s, dctx, buf, INLINE_MAX, data, len, &n) < 0)
+                return "inline content cannot be decompressed (damaged, or its dictionary is)";
+        return NULL;
+}
+
 /* Small files' contents and symlink targets live in the layers' databases,
  * each with its own checksum: verified here for every visible one. */
 static int scrub_inline_stack(Store *s, const Stack *st, void *userdata) {
         DamageReport *rep = userdata;
+        _cleanup_(ZSTD_freeDCtxp) ZSTD_DCtx *dctx = ZSTD_createDCtx();
+        _cleanup_free_ void *buf = malloc(INLINE_MAX);
         int r = 0;
 
+        if (!dctx || !buf)
+                return -ENOMEM;
         for (size_t l = 0; r >= 0 && l < st->n; l++) {
                 _cleanup_stmt_ sqlite3_stmt *q = NULL;
 
                 if (!st->dbs[l])
                         continue;
-                r = sqlite_prepare(st->dbs[l], "SELECT ino, data, data_check FROM inodes WHERE data IS NOT NULL", &q);
+                r = sqlite_prepare(st->dbs[l],
+                                   "SELECT ino, data, data_check, data_zstd FROM inodes WHERE data IS NOT NULL", &q);
                 while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
                         uint64_t ino = (uint64_t) sqlite3_column_int64(q, 0);
-                        StoreDamage damage = { .reason = "inline content checksum mismatch" };
+                        StoreDamage damage = {};
 
                         rep->stats->blocks_checked++;
                         rep->stats->bytes_checked += (uint64_t) sqlite3_column_bytes(q, 1);
-                        if (inline_check(sqlite3_column_blob(q, 1), (size_t) sqlite3_column_bytes(q, 1)) ==
-                            (uint64_t) sqlite3_column_int64(q, 2))
+                        damage.reason = inline_damage(s, dctx, q, buf);
+                        if (!damage.reason)
                                 continue;
                         r = stack_row_hidden(st, l, ino);
                         if (r != 0)

@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <zstd.h>
 
 #include "cleanup.h"
 #include "mutex-util.h"
@@ -36,6 +37,9 @@
 #define STORE_BLOCK_SIZE (64 * 1024)
 /* Regular files up to this size live inline in their inode row. */
 #define INLINE_MAX 4096
+/* The zstd level of blocks, and of everything compressed with the store's
+ * dictionary. */
+#define STORE_ZSTD_LEVEL 3
 
 /* A block's address: XXH3-128 of its content, keyed with the store's secret. */
 typedef struct Digest {
@@ -70,6 +74,7 @@ struct Store {
         char uuid[37];
 
         struct Packs *packs;
+        struct Dictionaries *dicts;
         SpaceGuard space;
 
         /* In the list of this process's open stores. */
@@ -77,6 +82,7 @@ struct Store {
 };
 
 DEFINE_TRIVIAL_CLEANUP_FUNC(Store *, store_close);
+DEFINE_TRIVIAL_CLEANUP_FUNC(ZSTD_DCtx *, ZSTD_freeDCtx);
 
 /* The catalog connection is shared by threads; its mutex is recursive. */
 #define CATALOG_LOCKED(s) MUTEX_LOCKED(&(s)->catalog_lock)
@@ -202,6 +208,21 @@ uint64_t layer_file_bytes(Store *s, uint64_t id);
 bool layer_has_row_checks(sqlite3 *db, const char *schema);
 /* The number of rows of the layer whose check fails, in all its tables. */
 int layer_count_damaged_rows(sqlite3 *db, const char *schema, int64_t *ret);
+
+/* ---- dictionary.c ---- */
+int dictionaries_new(Store *s, struct Dictionaries **ret);
+struct Dictionaries *dictionaries_free(struct Dictionaries *d);
+/* The store's dictionary, NULL until it has one. */
+const ZSTD_CDict *dictionary_for_compression(Store *s);
+/* Offers the content of a small file to train the dictionary on, until the
+ * store has one. */
+void dictionary_offer_sample(Store *s, const void *data, size_t len);
+/* Compresses with the store's dictionary if it has one, else at level. */
+size_t zstd_compress_small(Store *s, ZSTD_CCtx *cctx, void *dst, size_t cap, const void *src, size_t len,
+                           int level);
+/* Decompresses one frame, with the dictionary it names if it names one.
+ * -EIO if it is damaged or names a dictionary the store lacks. */
+int zstd_decompress(Store *s, ZSTD_DCtx *dctx, void *dst, size_t cap, const void *src, size_t len, size_t *ret);
 
 /* ---- blocks.c ---- */
 typedef struct BlockLocation {

@@ -315,6 +315,9 @@ int store_open(const char *path, Store **ret) {
         r = packs_new(s, &s->packs);
         if (r < 0)
                 return r;
+        r = dictionaries_new(s, &s->dicts);
+        if (r < 0)
+                return r;
 
         open_stores_add(s);
         *ret = TAKE_PTR(s);
@@ -326,6 +329,7 @@ Store *store_close(Store *s) {
                 return NULL;
         open_stores_remove(s);
         s->packs = packs_free(s->packs);
+        s->dicts = dictionaries_free(s->dicts);
         if (s->catalog)
                 sqlite3_close_v2(s->catalog);
         safe_close(s->locks_fd);

@@ -578,8 +578,7 @@ static int inline_decode(Volume *v, const void *stored, size_t stored_len, bool 
                 row->data_len = stored_len;
                 return 0;
         }
-        n = ZSTD_decompressDCtx(v->dctx, row->data, INLINE_MAX, stored, stored_len);
-        if (ZSTD_isError(n))
+        if (zstd_decompress(v->store, v->dctx, row->data, INLINE_MAX, stored, stored_len, &n) < 0)
                 return -EIO;
         row->data_len = n;
         return 0;
@@ -664,8 +663,9 @@ int inode_put(Volume *v, const InodeRow *row) {
                 size_t n = 0;
 
                 if (S_ISREG(row->mode) && row->data_len >= 64) {
-                        n = ZSTD_compressCCtx(v->cctx, v->inline_scratch, ZSTD_COMPRESSBOUND(INLINE_MAX),
-                                              row->data, row->data_len, INLINE_ZSTD_LEVEL);
+                        dictionary_offer_sample(v->store, row->data, row->data_len);
+                        n = zstd_compress_small(v->store, v->cctx, v->inline_scratch, ZSTD_COMPRESSBOUND(INLINE_MAX),
+                                                row->data, row->data_len, INLINE_ZSTD_LEVEL);
                         if (ZSTD_isError(n) || n > row->data_len - row->data_len / 8)
                                 n = 0;
                 }
