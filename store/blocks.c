@@ -42,6 +42,10 @@
 /* Direct I/O writes whole pages of this size, from memory aligned to it. */
 #define PACK_PAGE 4096u
 #define STAGE_BYTES (2u * 1024 * 1024)
+/* Blocks are compressed by up to this many threads at once, each taking at
+ * least this many. */
+#define ENCODER_THREADS 4
+#define ENCODER_MIN_BLOCKS 8
 
 typedef struct PendingBlock {
         Digest digest;
@@ -287,19 +291,21 @@ static int writer_open_new_pack(Store *s) {
 }
 
 /* Compresses when that saves at least 1/16 of the block. A short block is
- * a small file's, or a file's tail: the store's dictionary knows it best. */
-static size_t record_encode(Store *s, struct Packs *p, const void *data, size_t len, const Digest *d) {
-        PackRecordHeader *h = (PackRecordHeader *) p->scratch;
-        uint8_t *payload = p->scratch + sizeof *h;
+ * a small file's, or a file's tail: the store's dictionary knows it best.
+ * out has room for record_max() bytes. */
+static size_t record_encode(Store *s, ZSTD_CCtx *cctx, uint8_t *out, const void *data, size_t len,
+                            const Digest *d) {
+        PackRecordHeader *h = (PackRecordHeader *) out;
+        uint8_t *payload = out + sizeof *h;
         const ZSTD_CDict *cdict = len < STORE_BLOCK_SIZE ? dictionary_for_compression(s) : NULL;
         size_t stored;
         uint8_t compression = PACK_COMPRESSION_ZSTD;
 
         if (cdict)
-                stored = ZSTD_compress_usingCDict(p->cctx, payload, ZSTD_compressBound(STORE_BLOCK_SIZE), data, len,
+                stored = ZSTD_compress_usingCDict(cctx, payload, ZSTD_compressBound(STORE_BLOCK_SIZE), data, len,
                                                   cdict);
         else
-                stored = ZSTD_compress2(p->cctx, payload, ZSTD_compressBound(STORE_BLOCK_SIZE), data, len);
+                stored = ZSTD_compress2(cctx, payload, ZSTD_compressBound(STORE_BLOCK_SIZE), data, len);
         if (ZSTD_isError(stored) || stored >= len - len / 16) {
                 memcpy(payload, data, len);
                 stored = len;
@@ -381,20 +387,19 @@ static int writer_sync(struct Packs *p) {
         return 0;
 }
 
-int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLocation *ret) {
+/* Appends an encoded record to the writer's pack, unless the same block
+ * was appended meanwhile. Caller holds p->lock. */
+static int record_append(Store *s, const uint8_t *record, size_t n, const Digest *d, size_t len,
+                         BlockLocation *ret) {
         struct Packs *p = s->packs;
+        PendingBlock *pb = pending_find(p, d);
         BlockLocation loc;
-        size_t n;
         int r;
 
-        if (len == 0 || len > STORE_BLOCK_SIZE)
-                return -EINVAL;
-
-        r = block_lookup(s, d, ret);
-        if (r != -ENOENT)
-                return r;
-
-        MUTEX_LOCKED(&p->lock);
+        if (pb) {
+                *ret = pb->loc;
+                return 0;
+        }
         if (p->writer_fd < 0 || p->writer_end >= p->pack_max_bytes) {
                 r = writer_sync(p);
                 if (r < 0)
@@ -403,14 +408,12 @@ int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLoca
                 if (r < 0)
                         return r;
         }
-
-        n = record_encode(s, p, data, len, d);
         if (p->stage_len + n > STAGE_BYTES) {
                 r = stage_write(p, false);
                 if (r < 0)
                         return r;
         }
-        memcpy(p->stage + p->stage_len, p->scratch, n);
+        memcpy(p->stage + p->stage_len, record, n);
         p->stage_len += n;
 
         loc = (BlockLocation) {
@@ -425,6 +428,109 @@ int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLoca
         p->writer_end += n;
         *ret = loc;
         return 0;
+}
+
+int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLocation *ret) {
+        struct Packs *p = s->packs;
+        size_t n;
+        int r;
+
+        if (len == 0 || len > STORE_BLOCK_SIZE)
+                return -EINVAL;
+
+        r = block_lookup(s, d, ret);
+        if (r != -ENOENT)
+                return r;
+
+        MUTEX_LOCKED(&p->lock);
+        n = record_encode(s, p->cctx, p->scratch, data, len, d);
+        return record_append(s, p->scratch, n, d, len, ret);
+}
+
+/* ---- putting many blocks: compressed by several threads ---- */
+
+typedef struct Encoder {
+        Store *store;
+        BlockPut *puts;
+        size_t n;
+        size_t next;            /* the next put to take, under lock */
+        pthread_mutex_t lock;
+} Encoder;
+
+static void *encoder_run(void *userdata) {
+        Encoder *e = userdata;
+        ZSTD_CCtx *cctx = ZSTD_createCCtx();
+
+        if (cctx)
+                (void) ZSTD_CCtx_setParameter(cctx, ZSTD_c_compressionLevel, STORE_ZSTD_LEVEL);
+        for (;;) {
+                BlockPut *b;
+
+                {
+                        MUTEX_LOCKED(&e->lock);
+                        if (e->next >= e->n)
+                                break;
+                        b = &e->puts[e->next++];
+                }
+                if (b->result != -ENOENT)
+                        continue; /* stored already, or failed */
+                b->record = cctx ? malloc(record_max()) : NULL;
+                if (!b->record) {
+                        b->result = -ENOMEM;
+                        continue;
+                }
+                b->record_len = record_encode(e->store, cctx, b->record, b->data, b->len, &b->digest);
+        }
+        ZSTD_freeCCtx(cctx);
+        return NULL;
+}
+
+/* Encodes every put that needs it with up to ENCODER_THREADS threads, this
+ * one included: compression is what a large write waits for. */
+static void encode_parallel(Store *s, BlockPut *puts, size_t n, size_t n_new) {
+        Encoder e = { .store = s, .puts = puts, .n = n };
+        pthread_t threads[ENCODER_THREADS - 1];
+        size_t n_threads = 0, want;
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+        want = MIN((size_t) MAX(cpus, 1L), (size_t) ENCODER_THREADS);
+        want = MIN(want, DIV_ROUND_UP(n_new, ENCODER_MIN_BLOCKS));
+        pthread_mutex_init(&e.lock, NULL);
+        while (n_threads + 1 < want && pthread_create(&threads[n_threads], NULL, encoder_run, &e) == 0)
+                n_threads++;
+        (void) encoder_run(&e);
+        for (size_t i = 0; i < n_threads; i++)
+                (void) pthread_join(threads[i], NULL);
+        pthread_mutex_destroy(&e.lock);
+}
+
+void block_put_many(Store *s, BlockPut *puts, size_t n) {
+        struct Packs *p = s->packs;
+        size_t n_new = 0;
+
+        for (size_t i = 0; i < n; i++) {
+                BlockPut *b = &puts[i];
+
+                b->record = NULL;
+                if (b->len == 0 || b->len > STORE_BLOCK_SIZE)
+                        b->result = -EINVAL;
+                else
+                        b->result = block_lookup(s, &b->digest, &b->loc);
+                n_new += b->result == -ENOENT;
+        }
+        if (n_new == 0)
+                return;
+
+        encode_parallel(s, puts, n, n_new);
+
+        MUTEX_LOCKED(&p->lock);
+        for (size_t i = 0; i < n; i++) {
+                BlockPut *b = &puts[i];
+
+                if (b->result == -ENOENT)
+                        b->result = record_append(s, b->record, b->record_len, &b->digest, b->len, &b->loc);
+                b->record = mfree(b->record);
+        }
 }
 
 int block_commit(Store *s) {

@@ -251,6 +251,22 @@ int block_lookup(Store *s, const Digest *d, BlockLocation *ret);
  * index rows become visible to others at block_commit(). */
 int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLocation *ret);
 
+/* One block of block_put_many(): data, len and digest in; loc and result
+ * (0, or a negative errno) out. */
+typedef struct BlockPut {
+        const void *data;
+        size_t len;
+        Digest digest;
+        BlockLocation loc;
+        int result;
+        uint8_t *record;        /* internal */
+        size_t record_len;
+} BlockPut;
+
+/* block_put() of many blocks; those new to the store are compressed by
+ * several threads at once. */
+void block_put_many(Store *s, BlockPut *puts, size_t n);
+
 /* Reads and verifies a block into buf (STORE_BLOCK_SIZE bytes, zero past the
  * block's length); returns its length. -EIO on any mismatch, which is counted. */
 int block_read(Store *s, const Digest *d, void *buf);

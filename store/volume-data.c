@@ -128,24 +128,72 @@ static bool is_zero(const uint8_t *p, size_t n) {
         return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
 }
 
-static int dirty_flush_one(Volume *v, DirtyBlock *b, uint64_t size) {
-        uint64_t start = b->idx * STORE_BLOCK_SIZE;
-        BlockLocation loc;
-        Digest d;
-        size_t len;
+/* Blocks are stored this many at a time: the new ones among them are
+ * compressed by several threads. */
+#define FLUSH_BATCH 64
+
+/* Stores a batch of dirty blocks. Those that are stored, zero, or past
+ * their file's end leave memory; those of unlinked inodes, and those that
+ * do not fit on the disk, stay. */
+static int flush_batch(Volume *v, DirtyBlock **blocks, size_t n, uint64_t must_ino, int *failed) {
+        BlockPut puts[FLUSH_BATCH];
+        DirtyBlock *put_blocks[FLUSH_BATCH];
+        size_t n_puts = 0;
         int r;
 
-        if (start >= size)
-                return 0;
-        len = (size_t) MIN((uint64_t) STORE_BLOCK_SIZE, size - start);
-        if (is_zero(b->data, len))
-                return extent_put(v, b->ino, b->idx, NULL, 0, 0);
+        for (size_t i = 0; i < n; i++) {
+                _cleanup_(inode_row_clear) InodeRow row = {};
+                DirtyBlock *b = blocks[i];
+                uint64_t start = b->idx * STORE_BLOCK_SIZE;
+                size_t len;
 
-        block_digest(v->store, b->data, len, &d);
-        r = block_put(v->store, b->data, len, &d, &loc);
-        if (r < 0)
-                return r;
-        return extent_put(v, b->ino, b->idx, &d, (uint32_t) len, loc.stored_len);
+                r = inode_get(v, b->ino, &row);
+                if (r == -ENOENT)
+                        r = 0, row.size = 0; /* dropped meanwhile */
+                if (r < 0)
+                        return r;
+                if (row.size > 0 && row.nlink == 0)
+                        continue; /* nothing will read it after a restart */
+                if (start >= row.size) {
+                        data_forget_dirty_one(v, b->ino, b->idx);
+                        continue;
+                }
+                len = (size_t) MIN((uint64_t) STORE_BLOCK_SIZE, row.size - start);
+                if (!is_zero(b->data, len)) {
+                        puts[n_puts] = (BlockPut) { .data = b->data, .len = len };
+                        block_digest(v->store, b->data, len, &puts[n_puts].digest);
+                        put_blocks[n_puts++] = b;
+                        continue;
+                }
+                r = extent_put(v, b->ino, b->idx, NULL, 0, 0);
+                if (r < 0 && r != -ENOSPC)
+                        return r;
+                if (r == -ENOSPC) {
+                        if (*failed == 0 && (must_ino == 0 || must_ino == b->ino))
+                                *failed = r;
+                        continue;
+                }
+                data_forget_dirty_one(v, b->ino, b->idx);
+        }
+
+        block_put_many(v->store, puts, n_puts);
+        for (size_t i = 0; i < n_puts; i++) {
+                DirtyBlock *b = put_blocks[i];
+
+                r = puts[i].result;
+                if (r >= 0)
+                        r = extent_put(v, b->ino, b->idx, &puts[i].digest, (uint32_t) puts[i].len,
+                                       puts[i].loc.stored_len);
+                if (r == -ENOSPC) {
+                        if (*failed == 0 && (must_ino == 0 || must_ino == b->ino))
+                                *failed = r;
+                        continue;
+                }
+                if (r < 0)
+                        return r;
+                data_forget_dirty_one(v, b->ino, b->idx);
+        }
+        return 0;
 }
 
 /* Turns dirty blocks into stored blocks and their extent rows. A block
@@ -156,6 +204,8 @@ static int dirty_flush_one(Volume *v, DirtyBlock *b, uint64_t size) {
  * cannot go on; the first ENOSPC (of ino's blocks if must_ino is given) is
  * in *ret_failed. */
 int data_flush_all(Volume *v, uint64_t must_ino, int *ret_failed) {
+        _cleanup_free_ DirtyBlock **blocks = NULL;
+        size_t n = 0;
         int r, failed = 0;
 
         if (v->n_dirty == 0)
@@ -166,30 +216,18 @@ int data_flush_all(Volume *v, uint64_t must_ino, int *ret_failed) {
                         return r;
         }
 
+        /* Listed first: storing a block takes it out of its bucket. */
+        blocks = malloc(v->n_dirty * sizeof *blocks);
+        if (!blocks)
+                return -ENOMEM;
         for (size_t h = 0; h < DIRTY_BUCKETS; h++)
-                for (DirtyBlock **p = &v->dirty[h]; *p;) {
-                        DirtyBlock *b = *p;
-                        _cleanup_(inode_row_clear) InodeRow row = {};
-
-                        r = inode_get(v, b->ino, &row);
-                        if (r == -ENOENT)
-                                r = 0, row.size = 0; /* dropped meanwhile */
-                        else if (r >= 0 && row.nlink == 0) {
-                                p = &b->next;
-                                continue;
-                        } else if (r >= 0)
-                                r = dirty_flush_one(v, b, row.size);
-                        if (r == -ENOSPC) {
-                                if (failed == 0 && (must_ino == 0 || must_ino == b->ino))
-                                        failed = r;
-                                p = &b->next;
-                                continue;
-                        }
-                        if (r < 0)
-                                return r;
-                        *p = b->next;
-                        dirty_free(v, b);
-                }
+                for (DirtyBlock *b = v->dirty[h]; b; b = b->next)
+                        blocks[n++] = b;
+        for (size_t i = 0; i < n; i += FLUSH_BATCH) {
+                r = flush_batch(v, blocks + i, MIN((size_t) FLUSH_BATCH, n - i), must_ino, &failed);
+                if (r < 0)
+                        return r;
+        }
 done:
         if (ret_failed)
                 *ret_failed = failed;
