@@ -97,8 +97,7 @@ struct Packs {
         CachedBlock cache[READ_CACHE_SLOTS];
 
         ZSTD_CCtx *cctx;
-        ZSTD_DCtx *dctx;
-        uint8_t *scratch;       /* a record being written or read */
+        uint8_t *scratch;       /* a record being written */
 };
 
 void digest_to_hex(const Digest *d, char ret[static 33]) {
@@ -138,11 +137,10 @@ int packs_new(Store *s, struct Packs **ret) {
         for (size_t i = 0; i < PACK_FD_CACHE; i++)
                 p->fds[i].fd = -EBADF;
         p->cctx = ZSTD_createCCtx();
-        p->dctx = ZSTD_createDCtx();
         p->scratch = malloc(record_max());
         if (posix_memalign((void **) &p->stage, PACK_PAGE, STAGE_BYTES + PACK_PAGE) != 0)
                 p->stage = NULL;
-        if (!p->cctx || !p->dctx || !p->scratch || !p->stage) {
+        if (!p->cctx || !p->scratch || !p->stage) {
                 packs_free(p);
                 return -ENOMEM;
         }
@@ -174,7 +172,6 @@ struct Packs *packs_free(struct Packs *p) {
                 free(p->cache[i].data);
         free(p->pending);
         ZSTD_freeCCtx(p->cctx);
-        ZSTD_freeDCtx(p->dctx);
         free(p->scratch);
         free(p->stage);
         pthread_mutex_destroy(&p->lock);
@@ -638,11 +635,10 @@ static ssize_t pack_read(Store *s, uint64_t pack, uint64_t offset, void *buf, si
         return (ssize_t) done;
 }
 
-int pack_record_decode(Store *s, const void *record, size_t record_len, const Digest *expect,
+int pack_record_decode(Store *s, ZSTD_DCtx *dctx, const void *record, size_t record_len, const Digest *expect,
                        void *buf, const char **ret_reason) {
         const PackRecordHeader *h = record;
         const uint8_t *payload = (const uint8_t *) record + sizeof *h;
-        ZSTD_DCtx *dctx = s->packs->dctx;
         Digest actual;
         size_t n;
 
@@ -683,46 +679,132 @@ int pack_record_decode(Store *s, const void *record, size_t record_len, const Di
         return (int) h->raw_len;
 }
 
-int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, void *buf, const char **ret_reason) {
+/* What a thread reads records with: blocks are read by many threads at
+ * once, each with its own buffer and decompression context. */
+typedef struct ReadScratch {
+        uint8_t *record;
+        ZSTD_DCtx *dctx;
+} ReadScratch;
+
+static pthread_key_t read_scratch_key;
+static pthread_once_t read_scratch_once = PTHREAD_ONCE_INIT;
+
+static void read_scratch_free(void *p) {
+        ReadScratch *rs = p;
+
+        free(rs->record);
+        ZSTD_freeDCtx(rs->dctx);
+        free(rs);
+}
+
+static void read_scratch_key_make(void) {
+        (void) pthread_key_create(&read_scratch_key, read_scratch_free);
+}
+
+static ReadScratch *read_scratch(void) {
+        ReadScratch *rs;
+
+        (void) pthread_once(&read_scratch_once, read_scratch_key_make);
+        rs = pthread_getspecific(read_scratch_key);
+        if (rs)
+                return rs;
+        rs = calloc(1, sizeof *rs);
+        if (!rs)
+                return NULL;
+        rs->record = malloc(record_max());
+        rs->dctx = ZSTD_createDCtx();
+        if (!rs->record || !rs->dctx || pthread_setspecific(read_scratch_key, rs) != 0) {
+                read_scratch_free(rs);
+                return NULL;
+        }
+        return rs;
+}
+
+/* Reads a record into buf: from the writer's buffer under the lock if it
+ * is not all on disk yet, else from its pack without the lock, so that
+ * reads of many threads reach the disk together. The number of bytes read. */
+static ssize_t record_fetch(Store *s, const BlockLocation *loc, void *buf, size_t len) {
         struct Packs *p = s->packs;
-        CachedBlock *c;
+        _cleanup_close_ int fd = -EBADF;
+        ssize_t k;
+
+        {
+                MUTEX_LOCKED(&p->lock);
+                if (loc->pack == p->writer_id && p->writer_fd >= 0 && loc->offset + len > p->stage_base)
+                        return pack_read(s, loc->pack, loc->offset, buf, len);
+                fd = pack_fd(s, loc->pack);
+                if (fd < 0)
+                        return fd;
+                /* Ours: the cache may close its own meanwhile. */
+                fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+                if (fd < 0)
+                        return -errno;
+        }
+        k = pread(fd, buf, len, (off_t) loc->offset);
+        return k < 0 ? -errno : k;
+}
+
+static bool cache_get(struct Packs *p, const Digest *d, void *buf, int *ret_len) {
+        MUTEX_LOCKED(&p->lock);
+        CachedBlock *c = &p->cache[d->bytes[0] % READ_CACHE_SLOTS];
+
+        if (!c->valid || memcmp(c->digest.bytes, d->bytes, sizeof d->bytes) != 0)
+                return false;
+        memcpy(buf, c->data, c->len);
+        memset((uint8_t *) buf + c->len, 0, STORE_BLOCK_SIZE - c->len);
+        *ret_len = (int) c->len;
+        return true;
+}
+
+static void cache_put(struct Packs *p, const Digest *d, const void *buf, size_t len) {
+        MUTEX_LOCKED(&p->lock);
+        CachedBlock *c = &p->cache[d->bytes[0] % READ_CACHE_SLOTS];
+
+        if (!c->data)
+                c->data = malloc(STORE_BLOCK_SIZE);
+        if (!c->data)
+                return;
+        memcpy(c->data, buf, len);
+        c->digest = *d;
+        c->len = (uint32_t) len;
+        c->valid = true;
+}
+
+/* Reads and verifies the record at loc; the decoded block goes to buf (if
+ * not NULL) and the record stays in the thread's scratch. */
+static int record_read(Store *s, const Digest *d, const BlockLocation *loc, void *buf, ReadScratch *rs,
+                       const char **ret_reason) {
         size_t len = sizeof(PackRecordHeader) + loc->stored_len;
         ssize_t k;
-        int r;
 
         if (loc->stored_len > ZSTD_compressBound(STORE_BLOCK_SIZE)) {
                 if (ret_reason)
                         *ret_reason = "index entry damaged";
                 return -EIO;
         }
-
-        MUTEX_LOCKED(&p->lock);
-        c = &p->cache[d->bytes[0] % READ_CACHE_SLOTS];
-        if (c->valid && memcmp(c->digest.bytes, d->bytes, sizeof d->bytes) == 0 && !ret_reason) {
-                memcpy(buf, c->data, c->len);
-                memset((uint8_t *) buf + c->len, 0, STORE_BLOCK_SIZE - c->len);
-                return (int) c->len;
-        }
-
-        k = pack_read(s, loc->pack, loc->offset, p->scratch, len);
+        k = record_fetch(s, loc, rs->record, len);
         if (k < 0) {
                 if (k == -ENOENT && ret_reason)
                         *ret_reason = "pack file missing";
                 return k == -ENOENT ? -EIO : (int) k;
         }
-        r = pack_record_decode(s, p->scratch, (size_t) k == len ? len : sizeof(PackRecordHeader) - 1,
-                               d, buf, ret_reason);
-        if (r < 0)
-                return r;
+        return pack_record_decode(s, rs->dctx, rs->record, (size_t) k == len ? len : sizeof(PackRecordHeader) - 1,
+                                  d, buf, ret_reason);
+}
 
-        if (!c->data)
-                c->data = malloc(STORE_BLOCK_SIZE);
-        if (c->data) {
-                memcpy(c->data, buf, (size_t) r);
-                c->digest = *d;
-                c->len = (uint32_t) r;
-                c->valid = true;
-        }
+int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, void *buf, const char **ret_reason) {
+        ReadScratch *rs;
+        int r;
+
+        /* A scrub reads what is on disk, never the cache. */
+        if (!ret_reason && cache_get(s->packs, d, buf, &r))
+                return r;
+        rs = read_scratch();
+        if (!rs)
+                return -ENOMEM;
+        r = record_read(s, d, loc, buf, rs, ret_reason);
+        if (r >= 0)
+                cache_put(s->packs, d, buf, (size_t) r);
         return r;
 }
 
@@ -750,11 +832,10 @@ int block_read(Store *s, const Digest *d, void *buf) {
 
 int block_read_stored_zstd(Store *s, const Digest *d, void *buf, size_t *ret_len) {
         _cleanup_free_ uint8_t *plain = NULL;
-        struct Packs *p = s->packs;
         const PackRecordHeader *h;
+        const uint8_t *payload;
         BlockLocation loc;
-        size_t len;
-        ssize_t k;
+        ReadScratch *rs;
         int r;
 
         r = block_lookup(s, d, &loc);
@@ -762,28 +843,24 @@ int block_read_stored_zstd(Store *s, const Digest *d, void *buf, size_t *ret_len
                 return -EIO;
         if (r < 0)
                 return r;
-        if (loc.stored_len > ZSTD_compressBound(STORE_BLOCK_SIZE))
-                return -EIO;
         plain = malloc(STORE_BLOCK_SIZE);
-        if (!plain)
+        rs = read_scratch();
+        if (!plain || !rs)
                 return -ENOMEM;
 
-        MUTEX_LOCKED(&p->lock);
-        len = sizeof(PackRecordHeader) + loc.stored_len;
-        k = pack_read(s, loc.pack, loc.offset, p->scratch, len);
-        if (k < 0)
-                return k == -ENOENT ? -EIO : (int) k;
         /* Decoding verifies every checksum of the record. */
-        r = pack_record_decode(s, p->scratch, (size_t) k == len ? len : sizeof(PackRecordHeader) - 1,
-                               d, plain, NULL);
+        r = record_read(s, d, &loc, plain, rs, NULL);
         if (r == -EIO)
                 block_count_corruption(s);
         if (r < 0)
                 return r;
-        h = (const PackRecordHeader *) p->scratch;
-        if (h->compression != PACK_COMPRESSION_ZSTD || h->stored_len > STORE_BLOCK_SIZE)
+        h = (const PackRecordHeader *) rs->record;
+        payload = rs->record + sizeof *h;
+        /* A frame made with the store's dictionary means nothing to others. */
+        if (h->compression != PACK_COMPRESSION_ZSTD || h->stored_len > STORE_BLOCK_SIZE ||
+            ZSTD_getDictID_fromFrame(payload, h->stored_len) != 0)
                 return -ENODATA;
-        memcpy(buf, p->scratch + sizeof *h, h->stored_len);
+        memcpy(buf, payload, h->stored_len);
         *ret_len = h->stored_len;
         return 0;
 }

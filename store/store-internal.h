@@ -312,7 +312,7 @@ typedef struct __attribute__((packed)) PackRecordHeader {
 } PackRecordHeader;
 
 /* Verifies a record read at its location; decompresses into buf. */
-int pack_record_decode(Store *s, const void *record, size_t record_len, const Digest *expect,
+int pack_record_decode(Store *s, ZSTD_DCtx *dctx, const void *record, size_t record_len, const Digest *expect,
                        void *buf, const char **ret_reason);
 
 /* ---- space.c ---- */

@@ -234,7 +234,9 @@ done:
         return 0;
 }
 
-ssize_t volume_read(Volume *v, uint64_t ino, void *buf, size_t size, uint64_t offset) {
+/* The read as one piece under the volume's lock: the answer when the
+ * unlocked one (below) met an error. */
+static ssize_t read_locked(Volume *v, uint64_t ino, void *buf, size_t size, uint64_t offset) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         _cleanup_free_ uint8_t *block = NULL;
         uint8_t *out = buf;
@@ -283,6 +285,115 @@ ssize_t volume_read(Volume *v, uint64_t ino, void *buf, size_t size, uint64_t of
                 done += n;
         }
         return (ssize_t) done;
+}
+
+/* A part of a read that comes from a stored block. */
+typedef struct ReadPiece {
+        size_t at;              /* in the caller's buffer */
+        size_t in_block;
+        size_t n;
+        Digest digest;
+        uint32_t len;           /* of the block as this file sees it */
+} ReadPiece;
+
+/* Under the volume's lock: fills in what memory holds (inline contents,
+ * dirty blocks, holes) and lists the stored blocks to read. Returns the
+ * size of the read. */
+static ssize_t read_plan(Volume *v, uint64_t ino, uint8_t *out, size_t size, uint64_t offset, ReadPiece **ret,
+                         size_t *ret_n) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        _cleanup_free_ ReadPiece *pieces = NULL;
+        size_t done = 0, n = 0;
+        int r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = inode_get(v, ino, &row);
+        if (r < 0)
+                return r;
+        if (S_ISDIR(row.mode))
+                return -EISDIR;
+        if (!S_ISREG(row.mode))
+                return -EINVAL;
+        if (offset >= row.size)
+                return 0;
+        size = (size_t) MIN((uint64_t) size, row.size - offset);
+
+        if (row.has_data) {
+                size_t avail = offset < row.data_len ? row.data_len - (size_t) offset : 0;
+
+                memcpy(out, row.data + offset, MIN(size, avail));
+                if (size > avail)
+                        memset(out + avail, 0, size - avail);
+                return (ssize_t) size;
+        }
+
+        pieces = calloc(size / STORE_BLOCK_SIZE + 2, sizeof *pieces);
+        if (!pieces)
+                return -ENOMEM;
+        while (done < size) {
+                uint64_t pos = offset + done;
+                uint64_t idx = pos / STORE_BLOCK_SIZE;
+                size_t in_block = (size_t) (pos % STORE_BLOCK_SIZE);
+                size_t k = MIN(size - done, (size_t) STORE_BLOCK_SIZE - in_block);
+                DirtyBlock *b = dirty_find(v, ino, idx);
+                ReadPiece *p = &pieces[n];
+                bool hole;
+
+                if (b)
+                        memcpy(out + done, b->data + in_block, k);
+                else {
+                        r = extent_get(v, &row, idx, &p->digest, &p->len, &hole);
+                        if (r < 0)
+                                return r;
+                        if (hole)
+                                memset(out + done, 0, k);
+                        else {
+                                p->at = done;
+                                p->in_block = in_block;
+                                p->n = k;
+                                n++;
+                        }
+                }
+                done += k;
+        }
+        *ret = TAKE_PTR(pieces);
+        *ret_n = n;
+        return (ssize_t) size;
+}
+
+/* Reads without holding the volume's lock while blocks come from the disk
+ * and are decompressed, so that reads of many threads go on together. A
+ * block is content-addressed and never changes; should one have gone
+ * meanwhile (rewritten, committed and reaped), or fail, the read is done
+ * again under the lock, which gives the answer and counts any damage. */
+ssize_t volume_read(Volume *v, uint64_t ino, void *buf, size_t size, uint64_t offset) {
+        _cleanup_free_ ReadPiece *pieces = NULL;
+        _cleanup_free_ uint8_t *block = NULL;
+        size_t n = 0;
+        ssize_t total;
+
+        total = read_plan(v, ino, buf, size, offset, &pieces, &n);
+        if (total <= 0 || n == 0)
+                return total;
+        block = malloc(STORE_BLOCK_SIZE);
+        if (!block)
+                return -ENOMEM;
+        for (size_t i = 0; i < n; i++) {
+                const ReadPiece *p = &pieces[i];
+                BlockLocation loc;
+                int r;
+
+                r = block_lookup(v->store, &p->digest, &loc);
+                if (r >= 0)
+                        r = block_read_at_reason(v->store, &p->digest, &loc, block, NULL);
+                if (r < 0)
+                        return read_locked(v, ino, buf, size, offset);
+                /* A cut made above the layer that stored the block. */
+                if ((uint32_t) r > p->len)
+                        memset(block + p->len, 0, (size_t) r - p->len);
+                memcpy((uint8_t *) buf + p->at, block + p->in_block, p->n);
+        }
+        return total;
 }
 
 /* Moves an inline file's content into block 0, for a file about to grow
