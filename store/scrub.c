@@ -211,16 +211,14 @@ static int report_users(Store *s, const Digest *d, StoreDamage *damage, store_da
         return 0;
 }
 
-/* Whether a layer above the given one has a row for ino (which hides it). */
-static int stack_row_hidden(const Stack *st, size_t layer, uint64_t ino) {
+/* Whether a layer above the given one has a row that the query counts. */
+static int stack_upper_count(const Stack *st, size_t layer, const char *sql) {
         for (size_t i = 0; i < layer; i++) {
                 int64_t found = 0;
-                char sql[96];
                 int r;
 
                 if (!st->dbs[i])
                         continue;
-                snprintf(sql, sizeof sql, "SELECT count(*) FROM inodes WHERE ino = %" PRIu64, ino);
                 r = sqlite_query_int(st->dbs[i], sql, &found);
                 if (r < 0)
                         return r;
@@ -228,6 +226,14 @@ static int stack_row_hidden(const Stack *st, size_t layer, uint64_t ino) {
                         return 1;
         }
         return 0;
+}
+
+/* Whether a layer above the given one has a row for ino (which hides it). */
+static int stack_row_hidden(const Stack *st, size_t layer, uint64_t ino) {
+        char sql[96];
+
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM inodes WHERE ino = %" PRIu64, ino);
+        return stack_upper_count(st, layer, sql);
 }
 
 /* Whether an inline content reads: its checksum, and its decompression
@@ -286,25 +292,14 @@ static int scrub_inline_stack(Store *s, const Stack *st, void *userdata) {
 /* Whether a layer above the given one decides what block idx of ino is: an
  * extent of its own, or an inode row that cuts the layers below off. */
 static int stack_extent_hidden(const Stack *st, size_t layer, uint64_t ino, uint64_t idx) {
-        for (size_t i = 0; i < layer; i++) {
-                int64_t found = 0;
-                char sql[256];
-                int r;
+        char sql[256];
 
-                if (!st->dbs[i])
-                        continue;
-                snprintf(sql, sizeof sql,
-                         "SELECT (SELECT count(*) FROM extents WHERE ino = %1$" PRIu64 " AND idx = %2$" PRIu64 ") + "
-                         "(SELECT count(*) FROM inodes WHERE ino = %1$" PRIu64 " AND (data IS NOT NULL OR "
-                         "lower_limit <= %2$" PRIu64 " * " STRINGIFY(STORE_BLOCK_SIZE) "))",
-                         ino, idx);
-                r = sqlite_query_int(st->dbs[i], sql, &found);
-                if (r < 0)
-                        return r;
-                if (found > 0)
-                        return 1;
-        }
-        return 0;
+        snprintf(sql, sizeof sql,
+                 "SELECT (SELECT count(*) FROM extents WHERE ino = %1$" PRIu64 " AND idx = %2$" PRIu64 ") + "
+                 "(SELECT count(*) FROM inodes WHERE ino = %1$" PRIu64 " AND (data IS NOT NULL OR "
+                 "lower_limit <= %2$" PRIu64 " * " STRINGIFY(STORE_BLOCK_SIZE) "))",
+                 ino, idx);
+        return stack_upper_count(st, layer, sql);
 }
 
 /* Rows whose check fails, table by table: the file each one is part of, and
@@ -584,7 +579,6 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
                         return r;
                 while ((r = sqlite_step_row(q)) > 0) {
                         uint64_t ino = (uint64_t) sqlite3_column_int64(q, 2), visible;
-                        bool exists = false;
 
                         r = stack_dentry(&st, (uint64_t) sqlite3_column_int64(q, 0), sqlite3_column_blob(q, 1),
                                          sqlite3_column_bytes(q, 1), &visible);
@@ -592,19 +586,11 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
                                 return r;
                         if (visible != ino)
                                 continue;
-                        for (size_t j = 0; j < st.n && !exists; j++) {
-                                int64_t found = 0;
-                                char sql[96];
-
-                                if (!st.dbs[j])
-                                        continue;
-                                snprintf(sql, sizeof sql, "SELECT count(*) FROM inodes WHERE ino = %" PRIu64, ino);
-                                r = sqlite_query_int(st.dbs[j], sql, &found);
-                                if (r < 0)
-                                        return r;
-                                exists = found > 0;
-                        }
-                        if (!exists)
+                        /* In any layer: as if hidden from below the bottom. */
+                        r = stack_row_hidden(&st, st.n, ino);
+                        if (r < 0)
+                                return r;
+                        if (r == 0)
                                 problem(f, false, "subvolume '%s': entry '%.*s' names inode %" PRIu64 ", which is missing",
                                         rec->name, sqlite3_column_bytes(q, 1),
                                         (const char *) sqlite3_column_blob(q, 1), ino);

@@ -234,59 +234,6 @@ done:
         return 0;
 }
 
-/* The read as one piece under the volume's lock: the answer when the
- * unlocked one (below) met an error. */
-static ssize_t read_locked(Volume *v, uint64_t ino, void *buf, size_t size, uint64_t offset) {
-        _cleanup_(inode_row_clear) InodeRow row = {};
-        _cleanup_free_ uint8_t *block = NULL;
-        uint8_t *out = buf;
-        size_t done = 0;
-        int r;
-
-        MUTEX_LOCKED(&v->lock);
-        r = inode_get(v, ino, &row);
-        if (r < 0)
-                return r;
-        if (S_ISDIR(row.mode))
-                return -EISDIR;
-        if (!S_ISREG(row.mode))
-                return -EINVAL;
-        if (offset >= row.size)
-                return 0;
-        size = (size_t) MIN((uint64_t) size, row.size - offset);
-
-        if (row.has_data) {
-                size_t avail = offset < row.data_len ? row.data_len - (size_t) offset : 0;
-
-                memcpy(out, row.data + offset, MIN(size, avail));
-                if (size > avail)
-                        memset(out + avail, 0, size - avail);
-                return (ssize_t) size;
-        }
-
-        block = malloc(STORE_BLOCK_SIZE);
-        if (!block)
-                return -ENOMEM;
-        while (done < size) {
-                uint64_t pos = offset + done;
-                uint64_t idx = pos / STORE_BLOCK_SIZE;
-                size_t in_block = (size_t) (pos % STORE_BLOCK_SIZE);
-                size_t n = MIN(size - done, (size_t) STORE_BLOCK_SIZE - in_block);
-                DirtyBlock *b = dirty_find(v, ino, idx);
-
-                if (b)
-                        memcpy(out + done, b->data + in_block, n);
-                else {
-                        r = block_load(v, &row, idx, block);
-                        if (r < 0)
-                                return r;
-                        memcpy(out + done, block + in_block, n);
-                }
-                done += n;
-        }
-        return (ssize_t) done;
-}
-
 /* A part of a read that comes from a stored block. */
 typedef struct ReadPiece {
         size_t at;              /* in the caller's buffer */
@@ -296,9 +243,9 @@ typedef struct ReadPiece {
         uint32_t len;           /* of the block as this file sees it */
 } ReadPiece;
 
-/* Under the volume's lock: fills in what memory holds (inline contents,
- * dirty blocks, holes) and lists the stored blocks to read. Returns the
- * size of the read. */
+/* Caller holds the volume's lock. Fills in what memory holds (inline
+ * contents, dirty blocks, holes) and lists the stored blocks to read.
+ * Returns the size of the read. */
 static ssize_t read_plan(Volume *v, uint64_t ino, uint8_t *out, size_t size, uint64_t offset, ReadPiece **ret,
                          size_t *ret_n) {
         _cleanup_(inode_row_clear) InodeRow row = {};
@@ -306,7 +253,8 @@ static ssize_t read_plan(Volume *v, uint64_t ino, uint8_t *out, size_t size, uin
         size_t done = 0, n = 0;
         int r;
 
-        MUTEX_LOCKED(&v->lock);
+        *ret = NULL;
+        *ret_n = 0;
         r = inode_get(v, ino, &row);
         if (r < 0)
                 return r;
@@ -361,20 +309,13 @@ static ssize_t read_plan(Volume *v, uint64_t ino, uint8_t *out, size_t size, uin
         return (ssize_t) size;
 }
 
-/* Reads without holding the volume's lock while blocks come from the disk
- * and are decompressed, so that reads of many threads go on together. A
- * block is content-addressed and never changes; should one have gone
- * meanwhile (rewritten, committed and reaped), or fail, the read is done
- * again under the lock, which gives the answer and counts any damage. */
-ssize_t volume_read(Volume *v, uint64_t ino, void *buf, size_t size, uint64_t offset) {
-        _cleanup_free_ ReadPiece *pieces = NULL;
+/* Reads the stored blocks of a plan; with count_damage, damage is counted
+ * as corruption (the answer), else only reported. */
+static int read_pieces(Volume *v, const ReadPiece *pieces, size_t n, uint8_t *out, bool count_damage) {
         _cleanup_free_ uint8_t *block = NULL;
-        size_t n = 0;
-        ssize_t total;
 
-        total = read_plan(v, ino, buf, size, offset, &pieces, &n);
-        if (total <= 0 || n == 0)
-                return total;
+        if (n == 0)
+                return 0;
         block = malloc(STORE_BLOCK_SIZE);
         if (!block)
                 return -ENOMEM;
@@ -383,17 +324,48 @@ ssize_t volume_read(Volume *v, uint64_t ino, void *buf, size_t size, uint64_t of
                 BlockLocation loc;
                 int r;
 
-                r = block_lookup(v->store, &p->digest, &loc);
-                if (r >= 0)
-                        r = block_read_at_reason(v->store, &p->digest, &loc, block, NULL);
+                if (count_damage)
+                        r = block_read(v->store, &p->digest, block);
+                else {
+                        r = block_lookup(v->store, &p->digest, &loc);
+                        if (r >= 0)
+                                r = block_read_at_reason(v->store, &p->digest, &loc, block, NULL);
+                }
                 if (r < 0)
-                        return read_locked(v, ino, buf, size, offset);
+                        return r;
                 /* A cut made above the layer that stored the block. */
                 if ((uint32_t) r > p->len)
                         memset(block + p->len, 0, (size_t) r - p->len);
-                memcpy((uint8_t *) buf + p->at, block + p->in_block, p->n);
+                memcpy(out + p->at, block + p->in_block, p->n);
         }
-        return total;
+        return 0;
+}
+
+/* Reads without holding the volume's lock while blocks come from the disk
+ * and are decompressed, so that reads of many threads go on together. A
+ * block is content-addressed and never changes; should one have gone
+ * meanwhile (rewritten, committed and reaped), or fail, the read is done
+ * again under the lock, which gives the answer and counts any damage. */
+ssize_t volume_read(Volume *v, uint64_t ino, void *buf, size_t size, uint64_t offset) {
+        _cleanup_free_ ReadPiece *pieces = NULL;
+        size_t n = 0;
+        ssize_t total;
+        int r;
+
+        {
+                MUTEX_LOCKED(&v->lock);
+                total = read_plan(v, ino, buf, size, offset, &pieces, &n);
+        }
+        if (total <= 0 || read_pieces(v, pieces, n, buf, false) >= 0)
+                return total;
+
+        pieces = mfree(pieces);
+        MUTEX_LOCKED(&v->lock);
+        total = read_plan(v, ino, buf, size, offset, &pieces, &n);
+        if (total <= 0)
+                return total;
+        r = read_pieces(v, pieces, n, buf, true);
+        return r < 0 ? r : total;
 }
 
 /* Moves an inline file's content into block 0, for a file about to grow
