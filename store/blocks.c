@@ -865,25 +865,48 @@ int block_read_stored_zstd(Store *s, const Digest *d, void *buf, size_t *ret_len
         return 0;
 }
 
-int block_free(Store *s, const Digest *d, const BlockLocation *loc) {
+int pack_is_written(Store *s, uint64_t pack) {
         _cleanup_close_ int fd = -EBADF;
         char name[32];
+
+        pack_file_name(pack, name);
+        fd = openat(s->packs_fd, name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOENT ? 0 : -errno;
+        if (flock(fd, LOCK_EX | LOCK_NB) >= 0)
+                return 0;
+        return errno == EWOULDBLOCK ? 1 : -errno;
+}
+
+int pack_punch(Store *s, uint64_t pack, const BlockRow *rows, size_t n) {
         struct Packs *p = s->packs;
+        _cleanup_close_ int fd = -EBADF;
+        char name[32];
 
         {
                 MUTEX_LOCKED(&p->lock);
-                CachedBlock *c = &p->cache[d->bytes[0] % READ_CACHE_SLOTS];
-                if (c->valid && memcmp(c->digest.bytes, d->bytes, sizeof d->bytes) == 0)
-                        c->valid = false;
+                for (size_t i = 0; i < n; i++) {
+                        CachedBlock *c = &p->cache[rows[i].digest.bytes[0] % READ_CACHE_SLOTS];
+
+                        if (c->valid && memcmp(c->digest.bytes, rows[i].digest.bytes, sizeof c->digest.bytes) == 0)
+                                c->valid = false;
+                }
         }
 
-        pack_file_name(loc->pack, name);
+        pack_file_name(pack, name);
         fd = openat(s->packs_fd, name, O_RDWR | O_CLOEXEC);
         if (fd < 0)
                 return errno == ENOENT ? 0 : -errno;
-        if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t) loc->offset,
-                      (off_t) (sizeof(PackRecordHeader) + loc->stored_len)) < 0)
-                return errno == EOPNOTSUPP ? 0 : -errno;
+        /* Records written one after the other go in one punch, pages
+         * between them included. */
+        for (size_t i = 0; i < n;) {
+                uint64_t start = rows[i].loc.offset, end = start;
+
+                for (; i < n && rows[i].loc.offset <= end; i++)
+                        end = MAX(end, rows[i].loc.offset + sizeof(PackRecordHeader) + rows[i].loc.stored_len);
+                if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t) start, (off_t) (end - start)) < 0)
+                        return errno == EOPNOTSUPP ? 0 : -errno;
+        }
         return 0;
 }
 

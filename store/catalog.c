@@ -549,6 +549,18 @@ int catalog_metadata_bytes(Store *s, uint64_t *ret_bytes, uint64_t *ret_layers) 
         return 0;
 }
 
+int catalog_pack_has_blocks(Store *s, uint64_t pack) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT 1 FROM blocks WHERE pack = ?1 LIMIT 1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) pack);
+        return sqlite_step_row(st);
+}
+
 int catalog_list_blocks(Store *s, uint64_t pack, BlockRow **ret, size_t *ret_n) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         _cleanup_free_ BlockRow *rows = NULL;

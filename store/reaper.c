@@ -390,6 +390,14 @@ static int mark_layer(Store *s, uint64_t id, DigestSet *live) {
         return mark_digests(db, "SELECT DISTINCT digest, 1 FROM extents WHERE digest IS NOT NULL", live, &damaged);
 }
 
+static int block_row_compare(const void *a, const void *b) {
+        const BlockRow *x = a, *y = b;
+
+        if (x->loc.pack != y->loc.pack)
+                return x->loc.pack < y->loc.pack ? -1 : 1;
+        return x->loc.offset < y->loc.offset ? -1 : x->loc.offset > y->loc.offset;
+}
+
 /* Unindexes the blocks the mark phase did not reach, then punches them
  * out of their packs. In that order: after a crash in between, a record
  * is left unindexed (space to reclaim), never an index entry whose data is
@@ -443,15 +451,25 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
 
         /* Once unindexed, the blocks are garbage either way: a pause leaves
          * the rest of their records for the reclaim of a later reap. */
-        for (size_t i = 0; i < n; i++) {
-                uint64_t bytes = sizeof(PackRecordHeader) + dead[i].loc.stored_len;
+        qsort(dead, n, sizeof *dead, block_row_compare);
+        for (size_t i = 0, j; i < n; i = j) {
+                /* Paced record by record, punched pack by pack. */
+                for (j = i; j < n && dead[j].loc.pack == dead[i].loc.pack; j++) {
+                        uint64_t bytes = sizeof(PackRecordHeader) + dead[j].loc.stored_len;
 
-                r = block_free(s, &dead[i].digest, &dead[i].loc);
-                if (r < 0)
-                        return r;
-                stats->blocks_freed++;
-                stats->bytes_freed += bytes;
-                r = pace_step(pace, bytes);
+                        r = pace_step(pace, bytes);
+                        if (r < 0)
+                                return r;
+                        stats->blocks_freed++;
+                        stats->bytes_freed += bytes;
+                }
+                /* A pack left with no live block that no writer holds
+                 * goes whole, below. */
+                r = catalog_pack_has_blocks(s, dead[i].loc.pack);
+                if (r == 0)
+                        r = pack_is_written(s, dead[i].loc.pack);
+                if (r > 0)
+                        r = pack_punch(s, dead[i].loc.pack, dead + i, j - i);
                 if (r < 0)
                         return r;
         }

@@ -156,6 +156,8 @@ int catalog_metadata_bytes(Store *s, uint64_t *ret_bytes, uint64_t *ret_layers);
  * and offset. */
 struct BlockRow;
 int catalog_list_blocks(Store *s, uint64_t pack, struct BlockRow **ret, size_t *ret_n);
+/* 1 if the index has a block in the pack, 0 if not. */
+int catalog_pack_has_blocks(Store *s, uint64_t pack);
 
 /* ---- layer.c ---- */
 typedef struct LayerCounters {
@@ -285,8 +287,11 @@ int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, vo
  * stored uncompressed). buf holds STORE_BLOCK_SIZE bytes. */
 int block_read_stored_zstd(Store *s, const Digest *d, void *buf, size_t *ret_len);
 
-/* Punches the record out of its pack. */
-int block_free(Store *s, const Digest *d, const BlockLocation *loc);
+/* Punches the records of unindexed blocks of one pack, sorted by offset,
+ * out of it. */
+int pack_punch(Store *s, uint64_t pack, const BlockRow *rows, size_t n);
+/* 1 if a writer still appends to the pack (it holds its lock), else 0. */
+int pack_is_written(Store *s, uint64_t pack);
 
 uint64_t packs_disk_bytes(Store *s);
 
