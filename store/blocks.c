@@ -47,6 +47,17 @@
 #define ENCODER_THREADS 4
 #define ENCODER_MIN_BLOCKS 8
 
+/* Where blocks that were read lie: reads then skip the index. Never used
+ * to decide that a block exists (dedup asks the index, under the GC lock):
+ * another process's reaper may have freed it since. A stale location only
+ * makes a read fail its checks, and the read then asks the index. */
+#define LOCATION_SLOTS 16384
+typedef struct KnownLocation {
+        Digest digest;
+        BlockLocation loc;
+        bool valid;
+} KnownLocation;
+
 typedef struct PendingBlock {
         Digest digest;
         BlockLocation loc;
@@ -95,6 +106,7 @@ struct Packs {
         unsigned next_fd_slot;
 
         CachedBlock cache[READ_CACHE_SLOTS];
+        KnownLocation *locations;       /* LOCATION_SLOTS, allocated on first use */
 
         ZSTD_CCtx *cctx;
         uint8_t *scratch;       /* a record being written */
@@ -170,6 +182,7 @@ struct Packs *packs_free(struct Packs *p) {
                 safe_close(p->fds[i].fd);
         for (size_t i = 0; i < READ_CACHE_SLOTS; i++)
                 free(p->cache[i].data);
+        free(p->locations);
         free(p->pending);
         ZSTD_freeCCtx(p->cctx);
         free(p->scratch);
@@ -233,6 +246,57 @@ int block_lookup(Store *s, const Digest *d, BlockLocation *ret) {
                 }
         }
         return index_lookup(s, d, ret);
+}
+
+static KnownLocation *location_slot(struct Packs *p, const Digest *d) {
+        uint32_t h;
+
+        if (!p->locations) {
+                p->locations = calloc(LOCATION_SLOTS, sizeof *p->locations);
+                if (!p->locations)
+                        return NULL;
+        }
+        memcpy(&h, d->bytes, sizeof h);
+        return &p->locations[h % LOCATION_SLOTS];
+}
+
+int block_locate(Store *s, const Digest *d, BlockLocation *ret) {
+        struct Packs *p = s->packs;
+        int r;
+
+        {
+                MUTEX_LOCKED(&p->lock);
+                PendingBlock *pb = pending_find(p, d);
+                KnownLocation *k;
+
+                if (pb) {
+                        *ret = pb->loc;
+                        return 0;
+                }
+                k = location_slot(p, d);
+                if (k && k->valid && memcmp(k->digest.bytes, d->bytes, sizeof d->bytes) == 0) {
+                        *ret = k->loc;
+                        return 0;
+                }
+        }
+        r = index_lookup(s, d, ret);
+        if (r < 0)
+                return r;
+
+        MUTEX_LOCKED(&p->lock);
+        KnownLocation *k = location_slot(p, d);
+        if (k)
+                *k = (KnownLocation) { .digest = *d, .loc = *ret, .valid = true };
+        return 0;
+}
+
+void block_forget_location(Store *s, const Digest *d) {
+        struct Packs *p = s->packs;
+
+        MUTEX_LOCKED(&p->lock);
+        KnownLocation *k = location_slot(p, d);
+        if (k && k->valid && memcmp(k->digest.bytes, d->bytes, sizeof d->bytes) == 0)
+                k->valid = false;
 }
 
 static void pack_file_name(uint64_t id, char ret[static 32]) {
@@ -887,9 +951,12 @@ int pack_punch(Store *s, uint64_t pack, const BlockRow *rows, size_t n) {
                 MUTEX_LOCKED(&p->lock);
                 for (size_t i = 0; i < n; i++) {
                         CachedBlock *c = &p->cache[rows[i].digest.bytes[0] % READ_CACHE_SLOTS];
+                        KnownLocation *k = location_slot(p, &rows[i].digest);
 
                         if (c->valid && memcmp(c->digest.bytes, rows[i].digest.bytes, sizeof c->digest.bytes) == 0)
                                 c->valid = false;
+                        if (k && k->valid && memcmp(k->digest.bytes, rows[i].digest.bytes, sizeof k->digest.bytes) == 0)
+                                k->valid = false;
                 }
         }
 

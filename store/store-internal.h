@@ -248,6 +248,10 @@ void block_digest(Store *s, const void *data, size_t len, Digest *ret);
 /* Looks a block up in the index (and in this process's blocks not yet
  * indexed). 0 and ret filled if present, -ENOENT if not. */
 int block_lookup(Store *s, const Digest *d, BlockLocation *ret);
+/* As block_lookup(), remembering where blocks lie: for reads only, which
+ * verify what they find there (see blocks.c). */
+int block_locate(Store *s, const Digest *d, BlockLocation *ret);
+void block_forget_location(Store *s, const Digest *d);
 
 /* Stores a block unless it is there already; returns its location. The
  * index rows become visible to others at block_commit(). */

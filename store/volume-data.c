@@ -327,9 +327,11 @@ static int read_pieces(Volume *v, const ReadPiece *pieces, size_t n, uint8_t *ou
                 if (count_damage)
                         r = block_read(v->store, &p->digest, block);
                 else {
-                        r = block_lookup(v->store, &p->digest, &loc);
+                        r = block_locate(v->store, &p->digest, &loc);
                         if (r >= 0)
                                 r = block_read_at_reason(v->store, &p->digest, &loc, block, NULL);
+                        if (r < 0)
+                                block_forget_location(v->store, &p->digest);
                 }
                 if (r < 0)
                         return r;
