@@ -451,7 +451,8 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
 
         /* Once unindexed, the blocks are garbage either way: a pause leaves
          * the rest of their records for the reclaim of a later reap. */
-        qsort(dead, n, sizeof *dead, block_row_compare);
+        if (n > 0)
+                qsort(dead, n, sizeof *dead, block_row_compare);
         for (size_t i = 0, j; i < n; i = j) {
                 /* Paced record by record, punched pack by pack. */
                 for (j = i; j < n && dead[j].loc.pack == dead[i].loc.pack; j++) {
