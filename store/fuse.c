@@ -7,13 +7,24 @@
  * Caching. This process is the only writer of the subvolume it serves
  * (volume_is_sole_writer()), so the kernel may keep what it learns for long:
  * entries, attributes and negative entries live for an hour, file pages
- * survive close and reopen (keep_cache), and a writable volume runs with the
- * writeback cache (the kernel keeps size and times and sends them with
- * setattr) unless it has a size limit or was asked to write through. Every change the kernel does not see coming goes through a reply
- * that carries the new attributes; for unlink, rmdir and rename the kernel
- * updates its own dentries and attributes. Directory listings are cached
- * only on read-only volumes. Should a volume ever not be the sole writer,
- * timeouts drop to a second and nothing else is cached.
+ * survive close and reopen, directory listings are cached (the kernel drops
+ * a cached listing when it creates, removes or renames in the directory
+ * itself), and a writable volume runs with the writeback cache (the kernel
+ * keeps size and times and sends them with setattr) unless it has a size
+ * limit or was asked to write through. Every change the kernel does not see
+ * coming goes through a reply that carries the new attributes; for unlink,
+ * rmdir and rename the kernel updates its own dentries and attributes.
+ * Should a volume ever not be the sole writer, timeouts drop to a second
+ * and nothing else is cached.
+ *
+ * Round trips. A file's open and close cost a request each, and make every
+ * cat or compiler run wait for this process. Opening holds nothing here:
+ * the first OPEN is answered ENOSYS, after which the kernel opens files on
+ * its own, keeping their pages (and sends no RELEASE); a read-only volume is
+ * mounted read-only, so the kernel refuses opens for writing itself. There
+ * is no FLUSH handler either: nothing is buffered per open file, the kernel
+ * writes dirty pages back before close() returns, and durability is
+ * fsync's.
  *
  * Lookup counts. Every entry the kernel receives (lookup, mknod, mkdir,
  * symlink, link, create, and each readdirplus entry but "." and "..") is
@@ -82,6 +93,7 @@ typedef struct Server {
         double attr_timeout;
         double negative_timeout; /* 0: ENOENT is not cached */
         bool keep_cache;
+        bool no_open;           /* the kernel opens files without asking */
         bool cache_readdir;
         bool map_root;          /* files of root appear as root_uid's */
         uid_t root_uid;
@@ -289,11 +301,15 @@ static void op_init(void *userdata, struct fuse_conn_info *conn) {
                 on |= FUSE_CAP_WRITEBACK_CACHE;
         else
                 off |= FUSE_CAP_WRITEBACK_CACHE;
-        /* The sole writer's pages never change behind the kernel's back. */
-        if (srv->keep_cache)
+        /* The sole writer's pages never change behind the kernel's back:
+         * files may be opened without asking, their pages kept. */
+        if (srv->keep_cache) {
                 off |= FUSE_CAP_AUTO_INVAL_DATA;
+                on |= FUSE_CAP_NO_OPEN_SUPPORT;
+        }
 
         conn->want = (conn->want & ~off) | (on & conn->capable);
+        srv->no_open = conn->want & FUSE_CAP_NO_OPEN_SUPPORT;
 
         /* With the writeback cache the kernel keeps mtime and ctime of
          * written files and sends them with setattr: ours would be later. */
@@ -495,9 +511,14 @@ static int do_open(Server *srv, fuse_ino_t ino, struct fuse_file_info *fi) {
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+        Server *srv = server_of(req);
         int r;
 
-        r = do_open(server_of(req), ino, fi);
+        if (srv->no_open) {
+                fuse_reply_err(req, ENOSYS); /* from now on the kernel opens on its own */
+                return;
+        }
+        r = do_open(srv, ino, fi);
         if (r < 0)
                 fuse_reply_err(req, -r);
         else
@@ -578,11 +599,6 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
                 fuse_reply_write(req, (size_t) n);
 }
 
-static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
-        /* Nothing is buffered per open file: durability is fsync's. */
-        fuse_reply_err(req, 0);
-}
-
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
         fuse_reply_err(req, 0);
 }
@@ -616,8 +632,6 @@ static int do_opendir(Server *srv, fuse_ino_t ino, struct fuse_file_info *fi) {
         if (r < 0)
                 return r;
         fi->fh = (uint64_t) (uintptr_t) d;
-        /* A local change of the directory may not reach a cached listing on
-         * every kernel: listings are cached only where nothing changes. */
         fi->cache_readdir = srv->cache_readdir;
         fi->keep_cache = srv->cache_readdir;
         return 0;
@@ -856,7 +870,6 @@ static const struct fuse_lowlevel_ops cowbox_fuse_ops = {
         .open = op_open,
         .read = op_read,
         .write = op_write,
-        .flush = op_flush,
         .release = op_release,
         .fsync = op_fsync,
         .opendir = op_opendir,
@@ -893,7 +906,7 @@ static int server_open(Server *srv, Store *s, const char *name, bool readonly, p
         srv->entry_timeout = srv->attr_timeout = sole ? CACHE_TIMEOUT_SOLE_WRITER : CACHE_TIMEOUT_SHARED;
         srv->negative_timeout = sole ? CACHE_TIMEOUT_SOLE_WRITER : 0;
         srv->keep_cache = sole;
-        srv->cache_readdir = sole && !srv->writable;
+        srv->cache_readdir = sole;
         return 0;
 }
 

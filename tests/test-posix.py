@@ -748,6 +748,36 @@ def test_cache_staleness(d):
     os.removexattr(J(d, 'h1'), 'user.fresh')
     t.expect_errno(errno.ENODATA, os.getxattr, J(d, 'h1'), 'user.fresh', what='xattr right after removexattr')
 
+    # Listings are cached by the kernel: every change through the mount
+    # must show in the next listing of each directory it touches.
+    x, y = J(d, 'list-x'), J(d, 'list-y')
+    os.mkdir(x)
+    os.mkdir(y)
+    t.write_file(J(x, 'moving'), b'm')
+
+    def listings(what, in_x, in_y):
+        t.check_equal(sorted(os.listdir(x)), sorted(in_x), f'listing of list-x {what}')
+        t.check_equal(sorted(os.listdir(y)), sorted(in_y), f'listing of list-y {what}')
+
+    listings('at first', ['moving'], [])
+    os.rename(J(x, 'moving'), J(y, 'moved'))
+    listings('after a rename between them', [], ['moved'])
+    os.link(J(y, 'moved'), J(x, 'linked'))
+    listings('after a hard link', ['linked'], ['moved'])
+    os.symlink('moved', J(y, 'symlink'))
+    os.mkdir(J(x, 'subdir'))
+    listings('after symlink and mkdir', ['linked', 'subdir'], ['moved', 'symlink'])
+    os.unlink(J(x, 'linked'))
+    t.write_file(J(x, 'target'), b'to be replaced')
+    t.write_file(J(y, 'moved'), b'replaced')
+    listings('after unlink and create', ['subdir', 'target'], ['moved', 'symlink'])
+    os.rename(J(y, 'moved'), J(x, 'target'))
+    listings('after a rename over a name', ['subdir', 'target'], ['symlink'])
+    os.rmdir(J(x, 'subdir'))
+    os.unlink(J(y, 'symlink'))
+    listings('after rmdir and unlink', ['target'], [])
+    t.check_bytes(t.read_file(J(x, 'target')), b'replaced', 'content under the name renamed over')
+
 
 def run():
     t.require_fuse()
