@@ -634,12 +634,21 @@ uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
 
 #define SEEN(i) (seen[(i) / 8] & (1u << ((i) % 8)))
 #define MARK(i) (seen[(i) / 8] |= (uint8_t) (1u << ((i) % 8)))
-        for (size_t h = 0; h < DIRTY_BUCKETS; h++)
-                for (DirtyBlock *b = v->dirty[h]; b; b = b->next)
-                        if (b->ino == row->ino && b->idx < n_blocks && !SEEN(b->idx)) {
-                                MARK(b->idx);
+        /* A small file's blocks are looked up; a large one's found among
+         * all dirty blocks. */
+        if (n_blocks <= DIRTY_BUCKETS / 64) {
+                for (uint64_t idx = 0; v->n_dirty > 0 && idx < n_blocks; idx++)
+                        if (dirty_find(v, row->ino, idx)) {
+                                MARK(idx);
                                 total += STORE_BLOCK_SIZE;
                         }
+        } else
+                for (size_t h = 0; h < DIRTY_BUCKETS; h++)
+                        for (DirtyBlock *b = v->dirty[h]; b; b = b->next)
+                                if (b->ino == row->ino && b->idx < n_blocks && !SEEN(b->idx)) {
+                                        MARK(b->idx);
+                                        total += STORE_BLOCK_SIZE;
+                                }
 
         for (size_t i = 0; i < v->n_layers && limit > 0; i++) {
                 sqlite3_stmt *st = v->layers[i].list_extents;

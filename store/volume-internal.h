@@ -117,6 +117,13 @@ typedef struct InodeRow {
         uint8_t *data;          /* inline content or symlink target */
         size_t data_len;
         bool has_data;
+        /* The content as stored when it was read, and the XXH3-64 of what
+         * it decoded to: put back unchanged, it is not compressed again. */
+        uint8_t *stored;
+        size_t stored_len;
+        bool stored_zstd;
+        uint64_t stored_check;
+        uint64_t decoded_check;
         size_t layer;           /* index in v->layers where it was found */
 } InodeRow;
 

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <xxhash.h>
 #include <zstd.h>
 
 #include "alloc-util.h"
@@ -30,6 +31,22 @@ void inode_row_clear(InodeRow *row) {
         row->data = NULL;
         row->data_len = 0;
         row->has_data = false;
+        free(row->stored);
+        row->stored = NULL;
+        row->stored_len = 0;
+}
+
+/* Keeps the stored form of a compressed content, to put it back as it is
+ * if it does not change. */
+static void inline_keep_stored(InodeRow *row, const void *stored, size_t len, uint64_t check) {
+        row->stored = malloc(MAX(len, 1u));
+        if (!row->stored)
+                return; /* it is compressed again, that is all */
+        memcpy(row->stored, stored, len);
+        row->stored_len = len;
+        row->stored_zstd = true;
+        row->stored_check = check;
+        row->decoded_check = XXH3_64bits(row->data, row->data_len);
 }
 
 static void layer_finalize(VolumeLayer *l) {
@@ -581,6 +598,7 @@ static int inline_decode(Volume *v, const void *stored, size_t stored_len, bool 
         if (zstd_decompress(v->store, v->dctx, row->data, INLINE_MAX, stored, stored_len, &n) < 0)
                 return -EIO;
         row->data_len = n;
+        inline_keep_stored(row, stored, stored_len, check);
         return 0;
 }
 
@@ -662,6 +680,13 @@ int inode_put(Volume *v, const InodeRow *row) {
         if (row->has_data) {
                 size_t n = 0;
 
+                if (row->stored && XXH3_64bits(row->data, row->data_len) == row->decoded_check) {
+                        /* Unchanged (an attribute changed): as it was. */
+                        sqlite3_bind_blob(st, 13, row->stored, (int) row->stored_len, SQLITE_STATIC);
+                        sqlite3_bind_int(st, 14, row->stored_zstd);
+                        sqlite3_bind_int64(st, 15, (sqlite3_int64) row->stored_check);
+                        goto put;
+                }
                 if (S_ISREG(row->mode) && row->data_len >= 64) {
                         dictionary_offer_sample(v->store, row->data, row->data_len);
                         n = zstd_compress_small(v->store, v->cctx, v->inline_scratch, ZSTD_COMPRESSBOUND(INLINE_MAX),
@@ -683,6 +708,7 @@ int inode_put(Volume *v, const InodeRow *row) {
                 sqlite3_bind_int(st, 14, 0);
                 sqlite3_bind_int64(st, 15, 0);
         }
+put:
         r = sqlite_step_done(st);
         sqlite3_clear_bindings(st);
         if (r < 0)
