@@ -154,12 +154,7 @@ static int apply_upper(sqlite3 *db, const char *upper_path, bool bottom) {
                         goto fail;
         }
         r = sqlite_exec(db,
-                "DELETE FROM main.blockrefs;"
-                "INSERT INTO main.blockrefs(digest, refs, stored_len, row_check)"
-                "  SELECT digest, refs, stored_len, " BLOCKREF_CHECK " FROM (SELECT e.digest AS digest, count(*) AS refs,"
-                "    coalesce((SELECT stored_len FROM lens WHERE lens.digest = e.digest), 0) AS stored_len"
-                "    FROM main.extents e WHERE e.digest IS NOT NULL GROUP BY e.digest);"
-                "DROP TABLE lens;");
+                BLOCKREFS_FROM_EXTENTS("main.", ", row_check", ", " BLOCKREF_CHECK));
         if (r < 0)
                 goto fail;
 

@@ -485,12 +485,7 @@ static int check_integrity(Fsck *f, sqlite3 *db, const char *what) {
 #define REBUILD_BLOCKREFS(check_column, check)                                                            \
         "BEGIN;"                                                                                          \
         "CREATE TEMP TABLE lens AS SELECT digest, stored_len FROM blockrefs;"                            \
-        "DELETE FROM blockrefs;"                                                                          \
-        "INSERT INTO blockrefs(digest, refs, stored_len" check_column ")"                                 \
-        "  SELECT digest, refs, stored_len" check " FROM (SELECT e.digest AS digest, count(*) AS refs,"    \
-        "    coalesce((SELECT stored_len FROM lens WHERE lens.digest = e.digest), 0) AS stored_len"       \
-        "    FROM extents e WHERE e.digest IS NOT NULL GROUP BY e.digest);"                               \
-        "DROP TABLE lens;"                                                                                \
+        BLOCKREFS_FROM_EXTENTS("", check_column, check)                                                   \
         "COMMIT;"
 
 /* The layer's block set must be what its extents reference, each block in

@@ -206,6 +206,18 @@ uint64_t layer_file_bytes(Store *s, uint64_t id);
 #define BLOCKREF_CHECK "cowbox_check('blockref', digest, refs, stored_len)"
 #define INFO_CHECK "cowbox_check('info', key, value)"
 
+/* Rebuilds a layer's block set from its extents, with each block's stored
+ * length from the temporary table lens, which it drops. schema is "" or
+ * "main."; check_column and check are ", row_check" and ", "
+ * BLOCKREF_CHECK, or empty for a layer without row checks. */
+#define BLOCKREFS_FROM_EXTENTS(schema, check_column, check)                                              \
+        "DELETE FROM " schema "blockrefs;"                                                                \
+        "INSERT INTO " schema "blockrefs(digest, refs, stored_len" check_column ")"                       \
+        "  SELECT digest, refs, stored_len" check " FROM (SELECT e.digest AS digest, count(*) AS refs,"    \
+        "    coalesce((SELECT stored_len FROM lens WHERE lens.digest = e.digest), 0) AS stored_len"       \
+        "    FROM " schema "extents e WHERE e.digest IS NOT NULL GROUP BY e.digest);"                      \
+        "DROP TABLE lens;"
+
 /* Whether the layer attached as schema ("main", ...) has row checks. */
 bool layer_has_row_checks(sqlite3 *db, const char *schema);
 /* The number of rows of the layer whose check fails, in all its tables. */
