@@ -42,7 +42,11 @@ int sqlite_open(const char *path, int flags, bool wal, sqlite3 **ret) {
         _cleanup_sqlite_ sqlite3 *db = NULL;
         int rc, r;
 
-        rc = sqlite3_open_v2(path, &db, flags | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE, NULL);
+        /* A connection of one thread needs no mutex of SQLite's; one shared by
+         * threads asks for SQLITE_OPEN_FULLMUTEX. */
+        if (!(flags & SQLITE_OPEN_FULLMUTEX))
+                flags |= SQLITE_OPEN_NOMUTEX;
+        rc = sqlite3_open_v2(path, &db, flags | SQLITE_OPEN_EXRESCODE, NULL);
         if (rc != SQLITE_OK)
                 return sqlite_errno(rc);
 

@@ -84,7 +84,12 @@ struct Store {
 DEFINE_TRIVIAL_CLEANUP_FUNC(Store *, store_close);
 DEFINE_TRIVIAL_CLEANUP_FUNC(ZSTD_DCtx *, ZSTD_freeDCtx);
 
-/* The catalog connection is shared by threads; its mutex is recursive. */
+/* The catalog connection is shared by threads. The lock, recursive, keeps
+ * a transaction or a statement's steps whole; SQLite's own mutex (the
+ * connection is opened SQLITE_OPEN_FULLMUTEX) keeps the connection whole
+ * when a statement is finalized by its cleanup handler after the guard
+ * of the lock went out of scope, as it is wherever the statement was
+ * declared first. */
 #define CATALOG_LOCKED(s) MUTEX_LOCKED(&(s)->catalog_lock)
 
 #define FOREACH_STORE_SUBDIR(sub) FOREACH_STRING(sub, "packs", "layers", "locks")

@@ -303,7 +303,7 @@ int store_open(const char *path, Store **ret) {
 
         if (asprintf(&catalog, "%s/catalog.db", path) < 0)
                 return -ENOMEM;
-        r = sqlite_open(catalog, SQLITE_OPEN_READWRITE, true, &s->catalog);
+        r = sqlite_open(catalog, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, true, &s->catalog);
         if (r < 0)
                 return r;
         r = catalog_read_identity(s);

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -466,6 +467,78 @@ static void test_clone_and_image_state(Store *s) {
         volume_close(v);
 }
 
+/* Reads fetch blocks without the volume's lock, so the threads of a server
+ * meet in the store's catalog as they look blocks up. Each round opens the
+ * store anew, so that no block location is remembered and every read of
+ * every thread asks the catalog. */
+#define PARALLEL_FILES 3000
+#define PARALLEL_FILE_SIZE 5000         /* past the inline limit: one short block each */
+#define PARALLEL_THREADS 4
+#define PARALLEL_ROUNDS 12
+
+typedef struct ParallelReader {
+        Volume *volume;
+        const uint64_t *inos;
+        unsigned first;
+        bool ok;
+} ParallelReader;
+
+static void *parallel_reader(void *userdata) {
+        ParallelReader *pr = userdata;
+        uint8_t expect[PARALLEL_FILE_SIZE], buf[PARALLEL_FILE_SIZE];
+
+        pr->ok = true;
+        for (unsigned i = pr->first; i < PARALLEL_FILES; i += PARALLEL_THREADS) {
+                fill_pattern(expect, sizeof expect, 1000 + i);
+                if (volume_read(pr->volume, pr->inos[i], buf, sizeof buf, 0) != (ssize_t) sizeof buf ||
+                    memcmp(buf, expect, sizeof buf) != 0) {
+                        fprintf(stderr, "%s: file %u read back wrong\n", test_name, i);
+                        pr->ok = false;
+                }
+        }
+        return NULL;
+}
+
+static void test_parallel_reads(Store *s) {
+        _cleanup_free_ uint64_t *inos = calloc(PARALLEL_FILES, sizeof *inos);
+        uint8_t data[PARALLEL_FILE_SIZE];
+        Volume *v;
+
+        test_name = "parallel-reads";
+        CHECK(inos);
+        CHECK_OK(store_subvolume_create(s, "parallel"));
+        v = open_volume(s, "parallel", true);
+        for (unsigned i = 0; i < PARALLEL_FILES; i++) {
+                char name[32];
+
+                snprintf(name, sizeof name, "f%u", i);
+                inos[i] = make_file(v, 1, name);
+                fill_pattern(data, sizeof data, 1000 + i);
+                CHECK(volume_write(v, inos[i], data, sizeof data, 0) == (ssize_t) sizeof data);
+        }
+        CHECK_OK(volume_sync(v));
+        volume_close(v);
+
+        for (unsigned round = 0; round < PARALLEL_ROUNDS; round++) {
+                ParallelReader readers[PARALLEL_THREADS];
+                pthread_t threads[PARALLEL_THREADS];
+                Store *fresh = NULL;
+
+                CHECK_OK(store_open(store_dir, &fresh));
+                v = open_volume(fresh, "parallel", false);
+                for (unsigned k = 0; k < PARALLEL_THREADS; k++) {
+                        readers[k] = (ParallelReader) { .volume = v, .inos = inos, .first = k };
+                        CHECK(pthread_create(&threads[k], NULL, parallel_reader, &readers[k]) == 0);
+                }
+                for (unsigned k = 0; k < PARALLEL_THREADS; k++) {
+                        CHECK(pthread_join(threads[k], NULL) == 0);
+                        CHECK(readers[k].ok);
+                }
+                volume_close(v);
+                store_close(fresh);
+        }
+}
+
 int main(void) {
         Store *s = NULL;
 
@@ -485,6 +558,7 @@ int main(void) {
         test_whiteouts_and_fold(s);
         test_clone_and_image_state(s);
         test_delete_reap_and_corruption(s);
+        test_parallel_reads(s);
 
         CHECK(store_fsck(s, false, NULL, NULL) == 0);
         store_close(s);
