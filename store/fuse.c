@@ -65,6 +65,7 @@
 #define IO_SIZE_MAX (1024u * 1024u)      /* max_write and max_readahead */
 #define MAX_THREADS_DEFAULT 8u          /* at most, by default */
 #define INODE_TABLE_MIN_SLOTS 64
+#define LISTING_SLOTS 16                /* directories listed at once without opendir */
 
 /* ---- the server ---- */
 
@@ -82,6 +83,22 @@ typedef struct InodeTable {
         size_t n_used;
 } InodeTable;
 
+/* Listings of directories read without opendir (the sole writer's kernel
+ * lists on its own and keeps what it read): one is made when a listing
+ * starts at offset 0 and dropped when it was read to its end; cookies
+ * that hash the names let a listing that was dropped early go on in a
+ * new one. */
+typedef struct ListingSlot {
+        VolumeDir *dir;
+        uint64_t last_used;
+} ListingSlot;
+
+typedef struct Listings {
+        pthread_mutex_t lock;
+        ListingSlot slots[LISTING_SLOTS];
+        uint64_t clock;
+} Listings;
+
 typedef struct Server {
         Volume *volume;
         InodeTable inodes;
@@ -94,7 +111,9 @@ typedef struct Server {
         double negative_timeout; /* 0: ENOENT is not cached */
         bool keep_cache;
         bool no_open;           /* the kernel opens files without asking */
+        bool no_opendir;        /* ... and directories */
         bool cache_readdir;
+        Listings listings;
         bool map_root;          /* files of root appear as root_uid's */
         uid_t root_uid;
         gid_t root_gid;
@@ -307,9 +326,13 @@ static void op_init(void *userdata, struct fuse_conn_info *conn) {
                 off |= FUSE_CAP_AUTO_INVAL_DATA;
                 on |= FUSE_CAP_NO_OPEN_SUPPORT;
         }
+        /* Nor do its directories change: listed without opendir, and kept. */
+        if (srv->cache_readdir)
+                on |= FUSE_CAP_NO_OPENDIR_SUPPORT;
 
         conn->want = (conn->want & ~off) | (on & conn->capable);
         srv->no_open = conn->want & FUSE_CAP_NO_OPEN_SUPPORT;
+        srv->no_opendir = conn->want & FUSE_CAP_NO_OPENDIR_SUPPORT;
 
         /* With the writeback cache the kernel keeps mtime and ctime of
          * written files and sends them with setattr: ours would be later. */
@@ -638,9 +661,14 @@ static int do_opendir(Server *srv, fuse_ino_t ino, struct fuse_file_info *fi) {
 }
 
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi) {
+        Server *srv = server_of(req);
         int r;
 
-        r = do_opendir(server_of(req), ino, fi);
+        if (srv->no_opendir) {
+                fuse_reply_err(req, ENOSYS); /* from now on the kernel opens on its own */
+                return;
+        }
+        r = do_opendir(srv, ino, fi);
         if (r < 0)
                 fuse_reply_err(req, -r);
         else if (fuse_reply_open(req, fi) < 0)
@@ -656,18 +684,37 @@ static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
         reply_status(req, volume_sync(server_of(req)->volume));
 }
 
-/* A listing is [".", "..", entries...]; entry i has the offset i + 1, so
- * that the offset of the last entry sent is the index to go on from. */
+/* A listing is [".", "..", entries...]: "." has the offset 1, ".." 2, an
+ * entry its cookie; a reply goes on after the offset it is given. */
 typedef struct DirEntryView {
         const char *name;
         uint64_t ino;
         mode_t type;
+        off_t next;
 } DirEntryView;
 
 static DirEntryView dir_entry_at(const VolumeDir *d, size_t i) {
         if (i < 2)
-                return (DirEntryView) { i == 0 ? "." : "..", i == 0 ? d->ino : d->parent, S_IFDIR };
-        return (DirEntryView) { d->entries[i - 2].name, d->entries[i - 2].ino, d->entries[i - 2].type };
+                return (DirEntryView) { i == 0 ? "." : "..", i == 0 ? d->ino : d->parent, S_IFDIR, (off_t) i + 1 };
+        return (DirEntryView) { d->entries[i - 2].name, d->entries[i - 2].ino, d->entries[i - 2].type,
+                                d->entries[i - 2].cookie };
+}
+
+/* The index in [".", "..", entries...] of the first entry after offset off. */
+static size_t dir_index_after(const VolumeDir *d, off_t off) {
+        size_t lo = 0, hi = d->n;
+
+        if (off < VOLUME_DIR_FIRST_COOKIE)
+                return (size_t) off;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+
+                if (d->entries[mid].cookie <= off)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return lo + 2;
 }
 
 /* One reply's buffer, and for readdirplus the inodes whose lookups it counts. */
@@ -686,11 +733,11 @@ static void dir_reply_done(DirReply *r) {
 }
 
 /* Returns 1 if the entry was added, 0 if it does not fit. */
-static int dir_add(fuse_req_t req, DirReply *r, const DirEntryView *ent, off_t next) {
+static int dir_add(fuse_req_t req, DirReply *r, const DirEntryView *ent) {
         struct stat st = { .st_ino = ent->ino, .st_mode = ent->type };
         size_t room = r->size - r->len, len;
 
-        len = fuse_add_direntry(req, r->buf + r->len, room, ent->name, &st, next);
+        len = fuse_add_direntry(req, r->buf + r->len, room, ent->name, &st, ent->next);
         if (len > room)
                 return 0;
         r->len += len;
@@ -701,8 +748,7 @@ static int dir_add(fuse_req_t req, DirReply *r, const DirEntryView *ent, off_t n
  * go without: the kernel does not link them). A name gone since opendir
  * is listed without attributes (ino 0), as plain readdir would list it.
  * Returns 1 if added, 0 if it does not fit, or a negative errno. */
-static int dir_add_plus(fuse_req_t req, Server *srv, DirReply *r, const VolumeDir *d,
-                        const DirEntryView *ent, off_t next) {
+static int dir_add_plus(fuse_req_t req, Server *srv, DirReply *r, const VolumeDir *d, const DirEntryView *ent) {
         struct fuse_entry_param e = { .attr = { .st_ino = ent->ino, .st_mode = ent->type } };
         size_t room = r->size - r->len, len;
         struct stat st;
@@ -715,7 +761,7 @@ static int dir_add_plus(fuse_req_t req, Server *srv, DirReply *r, const VolumeDi
                 else if (k != -ENOENT)
                         return k;
         }
-        len = fuse_add_direntry_plus(req, r->buf + r->len, room, ent->name, &e, next);
+        len = fuse_add_direntry_plus(req, r->buf + r->len, room, ent->name, &e, ent->next);
         if (len > room || (e.ino != 0 && r->n_counted >= r->max_counted))
                 return 0;
         if (e.ino != 0) {
@@ -758,13 +804,13 @@ static int do_readdir(fuse_req_t req, Server *srv, const VolumeDir *d, size_t si
         if (r < 0)
                 return r;
 
-        for (size_t i = (size_t) off; i < d->n + 2; i++) {
+        for (size_t i = dir_index_after(d, off); i < d->n + 2; i++) {
                 DirEntryView ent = dir_entry_at(d, i);
 
                 if (plus)
-                        r = dir_add_plus(req, srv, ret, d, &ent, (off_t) i + 1);
+                        r = dir_add_plus(req, srv, ret, d, &ent);
                 else
-                        r = dir_add(req, ret, &ent, (off_t) i + 1);
+                        r = dir_add(req, ret, &ent);
                 if (r < 0 && ret->len == 0)
                         return r;
                 if (r <= 0)
@@ -773,12 +819,66 @@ static int do_readdir(fuse_req_t req, Server *srv, const VolumeDir *d, size_t si
         return 0;
 }
 
-static void readdir_common(fuse_req_t req, size_t size, off_t off, struct fuse_file_info *fi, bool plus) {
+/* The listing of a directory read without opendir: a new one at offset 0,
+ * else the one being read if it is still kept. */
+static int listing_get(Server *srv, fuse_ino_t ino, off_t off, ListingSlot **ret) {
+        Listings *l = &srv->listings;
+        ListingSlot *slot = NULL;
+        int r;
+
+        for (size_t i = 0; i < LISTING_SLOTS; i++) {
+                ListingSlot *s = &l->slots[i];
+
+                if (s->dir && s->dir->ino == ino) {
+                        slot = s;
+                        break;
+                }
+                if (!slot || (slot->dir && (!s->dir || s->last_used < slot->last_used)))
+                        slot = s;
+        }
+        if (!slot->dir || slot->dir->ino != ino || off == 0) {
+                slot->dir = volume_dir_free(slot->dir);
+                r = volume_opendir(srv->volume, ino, &slot->dir);
+                if (r < 0)
+                        return r;
+        }
+        slot->last_used = ++l->clock;
+        *ret = slot;
+        return 0;
+}
+
+static int readdir_listed(fuse_req_t req, Server *srv, fuse_ino_t ino, size_t size, off_t off, bool plus,
+                          DirReply *ret) {
+        Listings *l = &srv->listings;
+        ListingSlot *slot;
+        int r;
+
+        MUTEX_LOCKED(&l->lock);
+        r = listing_get(srv, ino, off, &slot);
+        if (r < 0)
+                return r;
+        r = do_readdir(req, srv, slot->dir, size, off, plus, ret);
+        if (r >= 0 && ret->len == 0)
+                slot->dir = volume_dir_free(slot->dir); /* read to its end */
+        return r;
+}
+
+static void listings_done(Listings *l) {
+        for (size_t i = 0; i < LISTING_SLOTS; i++)
+                volume_dir_free(l->slots[i].dir);
+        pthread_mutex_destroy(&l->lock);
+}
+
+static void readdir_common(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi,
+                           bool plus) {
         _cleanup_(dir_reply_done) DirReply reply = {};
         Server *srv = server_of(req);
         int r;
 
-        r = do_readdir(req, srv, dir_of(fi), size, off, plus, &reply);
+        if (dir_of(fi))
+                r = do_readdir(req, srv, dir_of(fi), size, off, plus, &reply);
+        else
+                r = readdir_listed(req, srv, ino, size, off, plus, &reply);
         if (r < 0) {
                 fuse_reply_err(req, -r);
                 return;
@@ -789,12 +889,12 @@ static void readdir_common(fuse_req_t req, size_t size, off_t off, struct fuse_f
 }
 
 static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi) {
-        readdir_common(req, size, off, fi, false);
+        readdir_common(req, ino, size, off, fi, false);
 }
 
 static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                            struct fuse_file_info *fi) {
-        readdir_common(req, size, off, fi, true);
+        readdir_common(req, ino, size, off, fi, true);
 }
 
 /* ---- extended attributes ---- */
@@ -916,6 +1016,7 @@ static void server_done(Server *srv) {
         srv->volume = volume_close(srv->volume);
         free(srv->inodes.slots);
         pthread_mutex_destroy(&srv->inodes.lock);
+        listings_done(&srv->listings);
 }
 
 static int mount_args(struct fuse_args *args, const char *name, bool readonly, bool debug) {
@@ -1022,7 +1123,10 @@ static int session_loop(struct fuse_session *se, unsigned max_threads) {
  * that they failed: -EIO. */
 static int serve(Store *s, const char *name, const char *mountpoint, const StoreMountOptions *opts,
                  int *notify_fd, pid_t *ret_holder) {
-        _cleanup_(server_done) Server srv = { .inodes.lock = PTHREAD_MUTEX_INITIALIZER };
+        _cleanup_(server_done) Server srv = {
+                .inodes.lock = PTHREAD_MUTEX_INITIALIZER,
+                .listings.lock = PTHREAD_MUTEX_INITIALIZER,
+        };
         _cleanup_(fuse_opt_free_args) struct fuse_args args = FUSE_ARGS_INIT(0, NULL);
         struct fuse_session *se;
         int r;

@@ -351,11 +351,17 @@ int volume_sync(Volume *v);
 int volume_fsync(Volume *v, uint64_t ino);
 
 /* A directory's entries as they were when it was opened; "." and ".." are
- * not included. */
+ * not included. Entries come in the order of their cookies: a position in
+ * the listing that depends on the name alone (a hash), so that a listing
+ * read in parts goes on at the right entry even from a newer listing of
+ * the directory. Cookies are at least VOLUME_DIR_FIRST_COOKIE; those below
+ * are free for "." and "..". */
+#define VOLUME_DIR_FIRST_COOKIE 3
 typedef struct VolumeDirent {
         uint64_t ino;
         mode_t type;            /* S_IFMT bits */
         char *name;
+        int64_t cookie;
 } VolumeDirent;
 
 typedef struct VolumeDir {

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/xattr.h>
+#include <xxhash.h>
 
 #include "sqlite-util.h"
 #include "volume-internal.h"
@@ -518,6 +519,28 @@ int volume_rename(Volume *v, uint64_t parent, const char *name,
         return r;
 }
 
+static int64_t dirent_cookie(const char *name) {
+        return VOLUME_DIR_FIRST_COOKIE + (int64_t) (XXH3_64bits(name, strlen(name)) % (INT64_MAX - VOLUME_DIR_FIRST_COOKIE));
+}
+
+static int dirent_compare(const void *a, const void *b) {
+        const VolumeDirent *x = a, *y = b;
+
+        return x->cookie < y->cookie ? -1 : x->cookie > y->cookie;
+}
+
+/* Sorts the entries by cookie. Two names of one hash (one chance in 2^63
+ * per pair) get neighbouring cookies: each cookie names one entry. */
+static void dirents_order(VolumeDirent *entries, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                entries[i].cookie = dirent_cookie(entries[i].name);
+        if (n > 1)
+                qsort(entries, n, sizeof *entries, dirent_compare);
+        for (size_t i = 1; i < n; i++)
+                if (entries[i].cookie <= entries[i - 1].cookie)
+                        entries[i].cookie = entries[i - 1].cookie + 1;
+}
+
 int volume_opendir(Volume *v, uint64_t ino, VolumeDir **ret) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         VolumeDir *d;
@@ -537,6 +560,7 @@ int volume_opendir(Volume *v, uint64_t ino, VolumeDir **ret) {
                 free(d);
                 return r;
         }
+        dirents_order(d->entries, d->n);
         *ret = d;
         return 0;
 }

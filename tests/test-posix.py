@@ -256,6 +256,57 @@ def test_directories(d):
         os.unlink(J(big, name))
     t.check_equal(set(os.listdir(big)), set(sorted(names)[1::2]), 'listing after deleting half')
 
+    # Changed while it is read, as rm -r and find -delete do: every entry
+    # there from start to end is listed exactly once, in one pass.
+    kept = set(os.listdir(big))
+    seen, added = [], 0
+    with os.scandir(big) as it:
+        for e in it:
+            seen.append(e.name)
+            if len(seen) % 3 == 0:
+                os.unlink(e.path)
+            if len(seen) % 50 == 0:
+                t.write_file(J(big, f'added-{added}'), b'')
+                added += 1
+    seen_kept = [name for name in seen if name in kept]
+    t.check_equal(len(seen_kept), len(set(seen_kept)), 'entries listed twice while the directory changed')
+    t.check(set(seen_kept) == kept, f'listing while the directory changed: {len(kept - set(seen_kept))} '
+            'entries missing')
+    t.check_equal(set(os.listdir(big)), (kept - set(seen[2::3])) | {f'added-{i}' for i in range(added)},
+                  'listing after unlinks and creates during a listing')
+
+    # More directories read at once than the server keeps listings of, each
+    # changed while read, and too large for one getdents: each goes on
+    # where it stopped.
+    dirs = [J(d, f'interleaved-{k}') for k in range(20)]
+    entry_names = [f'entry-{i:04d}-' + 'x' * 40 for i in range(700)]
+    for path in dirs:
+        os.mkdir(path)
+        for name in entry_names:
+            os.close(os.open(J(path, name), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    iters = [os.scandir(path) for path in dirs]
+    seen = [[] for _ in dirs]
+    try:
+        while any(iters):
+            for k, it in enumerate(iters):
+                if it is None:
+                    continue
+                e = next(it, None)
+                if e is None:
+                    it.close()
+                    iters[k] = None
+                    continue
+                seen[k].append(e.name)
+                if len(seen[k]) % 2 == 0:
+                    os.unlink(e.path)
+    finally:
+        for it in iters:
+            if it is not None:
+                it.close()
+    for k, path in enumerate(dirs):
+        t.check_equal(sorted(seen[k]), entry_names,
+                      f'entries of {os.path.basename(path)} read while it changed, among others')
+
 
 def test_symlinks(d):
     link = J(d, 'l')
