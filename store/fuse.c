@@ -44,12 +44,14 @@
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <limits.h>
+#include <linux/magic.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -117,6 +119,7 @@ typedef struct Server {
         bool map_root;          /* files of root appear as root_uid's */
         uid_t root_uid;
         gid_t root_gid;
+        const char *mountpoint;
 } Server;
 
 static Server *server_of(fuse_req_t req) {
@@ -1010,6 +1013,28 @@ static int server_open(Server *srv, Store *s, const char *name, bool readonly, p
         return 0;
 }
 
+/* Before a snapshot another process asked for: the kernel's dirty pages
+ * and times come to us as writes. The mount's root is opened by path, so
+ * it must still be ours: a FUSE file system whose root has our root's
+ * inode number. The descriptor is not kept, or unmounting would fail. */
+static int server_write_back(void *userdata) {
+        Server *srv = userdata;
+        _cleanup_close_ int fd = -EBADF;
+        struct statfs sfs;
+        struct stat st;
+
+        fd = open(srv->mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        if (fstatfs(fd, &sfs) < 0 || fstat(fd, &st) < 0)
+                return -errno;
+        if (sfs.f_type != FUSE_SUPER_MAGIC || st.st_ino != VOLUME_ROOT_INO)
+                return -ESTALE; /* moved, or covered by another mount */
+        if (syncfs(fd) < 0)
+                return -errno;
+        return 0;
+}
+
 /* Runs after the session is gone: the kernel's remaining lookups die with
  * the mount, and volume_close() purges what they kept alive. */
 static void server_done(Server *srv) {
@@ -1158,8 +1183,12 @@ static int serve(Store *s, const char *name, const char *mountpoint, const Store
                 goto remove_handlers;
         }
 
+        srv.mountpoint = mountpoint;
+        if (srv.writeback_cache)
+                volume_set_write_back(srv.volume, server_write_back, &srv);
         mount_ready(opts->ready_fd, notify_fd);
         r = session_loop(se, opts->max_threads);
+        volume_set_write_back(srv.volume, NULL, NULL);
 
         fuse_session_unmount(se);
 remove_handlers:

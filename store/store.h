@@ -285,6 +285,9 @@ uint64_t volume_quota_bytes(const Volume *v);
 /* Whether the kernel keeps the times of written files (FUSE writeback
  * cache): then write and fallocate leave mtime and ctime alone. */
 void volume_set_kernel_times(Volume *v, bool kernel_times);
+/* What a snapshot asked for by another process calls first, without the
+ * volume's lock, to write back what the kernel holds of the volume. */
+void volume_set_write_back(Volume *v, int (*write_back)(void *userdata), void *userdata);
 
 int volume_lookup(Volume *v, uint64_t parent, const char *name, struct stat *ret);
 int volume_getattr(Volume *v, uint64_t ino, struct stat *ret);

@@ -93,6 +93,11 @@ struct Volume {
         pthread_cond_t wake;
 
         ControlServer *control;
+        /* Writes back what the kernel holds of this volume (its page cache
+         * with the writeback cache), before a snapshot another process
+         * asked for. */
+        int (*write_back)(void *userdata);
+        void *write_back_userdata;
 
         /* Compression of small files' inline contents. */
         ZSTD_CCtx *cctx;

@@ -534,11 +534,32 @@ const char *volume_name(const Volume *v) {
         return v->name;
 }
 
+void volume_set_write_back(Volume *v, int (*write_back)(void *userdata), void *userdata) {
+        MUTEX_LOCKED(&v->lock);
+        v->write_back = write_back;
+        v->write_back_userdata = userdata;
+}
+
 /* Called by the control server: freezes the top layer at a point where
- * everything written so far is committed, and moves onto a new one. */
+ * everything written so far is committed, and moves onto a new one. What
+ * the kernel still holds is written back first, without our lock: it
+ * comes to us as writes. */
 int volume_take_snapshot(Volume *v, const char *name, bool readonly) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+        int (*write_back)(void *userdata);
+        void *userdata;
         int r;
+
+        {
+                MUTEX_LOCKED(&v->lock);
+                write_back = v->write_back;
+                userdata = v->write_back_userdata;
+        }
+        if (write_back) {
+                r = write_back(userdata);
+                if (r < 0)
+                        return r;
+        }
 
         MUTEX_LOCKED(&v->lock);
 

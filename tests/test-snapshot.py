@@ -8,6 +8,7 @@ at a time, and space accounting that the reaper makes good."""
 import errno
 import os
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -196,6 +197,50 @@ def test_live_snapshot(store):
                         f'stream in the snapshot: the page at {off} is neither the data written nor zeros')
 
 
+# Writes files given as NAME=SIZE:SEED, says so, and keeps them open until
+# its standard input closes, then appends to them. Another process: any
+# close of a descriptor, also the close-on-exec of a fork of ours, would
+# make the kernel write the file back to the server at once.
+UNFLUSHED_WRITER = """
+import os, random, sys
+fds = []
+for arg in sys.argv[2:]:
+    name, spec = arg.split('=')
+    size, seed = map(int, spec.split(':'))
+    fd = os.open(os.path.join(sys.argv[1], name), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    os.write(fd, random.Random(seed).randbytes(size))
+    fds.append(fd)
+print('written', flush=True)
+sys.stdin.read()
+for fd in fds:
+    os.write(fd, b'written after the snapshot')
+"""
+
+
+def test_snapshot_of_unflushed(store):
+    """Like btrfs, a snapshot holds what was written before it, also what
+    the kernel's page cache still holds: files still open and never
+    fsync'd, small enough that the kernel has not begun to write them
+    back."""
+    store.create('unflushed')
+    files = {f'open-{i}': (500 + 331 * i, 20 + i) for i in range(12)}
+    with store.mount('unflushed') as m:
+        writer = subprocess.Popen([sys.executable, '-c', UNFLUSHED_WRITER, m.path] +
+                                  [f'{name}={size}:{seed}' for name, (size, seed) in files.items()],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            t.check_equal(writer.stdout.readline().strip(), b'written', 'the writer')
+            store.snapshot('unflushed', 'unflushed-snap')
+        finally:
+            writer.stdin.close()
+            writer.wait(timeout=60)
+        t.check_equal(writer.returncode, 0, 'exit status of the writer')
+    with store.mount('unflushed-snap', readonly=True) as s:
+        for name, (size, seed) in files.items():
+            t.check_bytes(t.read_file(J(s.path, name)), t.random_bytes(size, seed),
+                          f'{name}, still open and never fsync\'d, in a snapshot')
+
+
 def test_single_writer(store):
     """A subvolume mounted writable cannot be mounted writable again nor
     deleted; both refusals name the process that holds it."""
@@ -269,6 +314,7 @@ def run():
         sub.run('snapshot of a snapshot', test_snapshot_of_snapshot, store, manifests)
         sub.run('delete while a snapshot shares blocks', test_delete_shared, store, manifests)
         sub.run('snapshot while mounted and written', test_live_snapshot, store)
+        sub.run('snapshot of what the page cache holds', test_snapshot_of_unflushed, store)
         sub.run('one writable mount, delete refused while mounted', test_single_writer, store)
         sub.run('space accounting and reap', test_space, store)
         sub.check()
