@@ -15,12 +15,16 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/ioprio.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "alloc-util.h"
 #include "sqlite-util.h"
@@ -660,6 +664,18 @@ int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {
         return r;
 }
 
+/* The background reaper yields to the work that goes on meanwhile: a nice
+ * CPU priority and the lowest best-effort I/O priority (not the idle
+ * class, which a busy disk could starve for good). The daemon's reaper
+ * gets a cgroup of its own instead. */
+#define REAPER_NICE 10
+#define REAPER_IO_LEVEL 7
+
+static void reaper_yield(void) {
+        (void) setpriority(PRIO_PROCESS, 0, REAPER_NICE);
+        (void) syscall(SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, IOPRIO_PRIO_VALUE(IOPRIO_CLASS_BE, REAPER_IO_LEVEL));
+}
+
 int store_reap_in_background(Store *s) {
         pid_t pid;
         int status;
@@ -685,6 +701,7 @@ int store_reap_in_background(Store *s) {
                                 (void) close(null);
                         }
                 }
+                reaper_yield();
                 if (store_open(path, &t) < 0)
                         _exit(EXIT_FAILURE);
                 (void) store_reap(t, true, NULL, NULL);
