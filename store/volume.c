@@ -300,11 +300,9 @@ int volume_commit_locked(Volume *v, uint64_t must_ino) {
         if (!v->writable || !v->changed)
                 return 0;
 
-        if (v->gc_fd < 0) {
-                r = gc_lock_shared(v->store, &v->gc_fd);
-                if (r < 0)
-                        return r;
-        }
+        /* The GC lock is taken where a block reference is made (the flush
+         * of dirty blocks, a clone) and held until here: a commit without
+         * new references does not wait for a reaper's mark and sweep. */
         r = data_flush_all(v, must_ino, &failed);
         if (r < 0)
                 return r;
