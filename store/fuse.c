@@ -1016,7 +1016,10 @@ static int server_open(Server *srv, Store *s, const char *name, bool readonly, p
 /* Before a snapshot another process asked for: the kernel's dirty pages
  * and times come to us as writes. The mount's root is opened by path, so
  * it must still be ours: a FUSE file system whose root has our root's
- * inode number. The descriptor is not kept, or unmounting would fail. */
+ * inode number. The descriptor is not kept, or unmounting would fail. A
+ * mount we cannot reach any more (moved, covered, detached) is not held
+ * against the snapshot, which then gets what reached us so far; a failed
+ * writeback is. */
 static int server_write_back(void *userdata) {
         Server *srv = userdata;
         _cleanup_close_ int fd = -EBADF;
@@ -1024,12 +1027,10 @@ static int server_write_back(void *userdata) {
         struct stat st;
 
         fd = open(srv->mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (fd < 0)
-                return -errno;
-        if (fstatfs(fd, &sfs) < 0 || fstat(fd, &st) < 0)
-                return -errno;
+        if (fd < 0 || fstatfs(fd, &sfs) < 0 || fstat(fd, &st) < 0)
+                return 0;
         if (sfs.f_type != FUSE_SUPER_MAGIC || st.st_ino != VOLUME_ROOT_INO)
-                return -ESTALE; /* moved, or covered by another mount */
+                return 0;
         if (syncfs(fd) < 0)
                 return -errno;
         return 0;

@@ -22,16 +22,6 @@ N_FILES = 6
 READ_SIZE = 128 << 10
 
 
-def text_bytes(size, seed):
-    """Compressible, and different in every 64 KiB block."""
-    out = bytearray()
-    i = 0
-    while len(out) < size:
-        out += f'/* file {seed} line {i} */ static int f{seed}_{i}(void) {{ return {i * 7919 % 65521}; }}\n'.encode()
-        i += 1
-    return bytes(out[:size])
-
-
 def read_digest(path, errors):
     try:
         h = hashlib.sha256()
@@ -60,7 +50,7 @@ def run():
     rounds = t.env_int('COWBOX_PARALLEL_READ_ROUNDS', 4)
     files = {}
     for i in range(N_FILES):
-        files[f'f{i}'] = t.random_bytes(FILE_SIZE, f'file-{i}') if i % 2 else text_bytes(FILE_SIZE, i)
+        files[f'f{i}'] = t.random_bytes(FILE_SIZE, f'file-{i}') if i % 2 else t.pattern_bytes(FILE_SIZE, i)
     expected = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
 
     with t.Store('parallel-reads') as store:
