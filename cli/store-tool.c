@@ -418,6 +418,7 @@ int command_getopt(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                                 shortopts[k++] = ':';
                 }
         }
+        shortopts[k] = '\0';
         longopts[n++] = (struct option) { "help", no_argument, NULL, 'h' };
         if (cmd->flags & COMMAND_JSON)
                 longopts[n++] = (struct option) { "json", no_argument, NULL, ARG_JSON };
