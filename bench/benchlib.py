@@ -620,3 +620,40 @@ def positive_float(text):
 
 def on_signal(signum, frame):
     raise SystemExit(128 + signum)
+
+
+def bench_main(prog, args, body):
+    """What every benchmark's main does around its work: finds the tool
+    (--tool) and the place for the scratch directory (--dir), turns SIGTERM
+    and SIGHUP into a clean stop, and undoes its mounts and removes its
+    scratch directory at the end, also after an error or Ctrl-C (unless
+    --keep). body(tool, parent) does the work and returns the exit status
+    (None: 0). Returns the exit status: 1 when a step failed, 2 for bad
+    usage, 130 when interrupted."""
+    tool = resolve_tool(args.tool)
+    if tool is None:
+        print(f"{prog}: cowbox-store not found: build it (meson setup build && ninja -C build) "
+              "and pass --tool build/cli/cowbox-store, or set COWBOX_STORE_TOOL", file=sys.stderr)
+        return 2
+    parent = os.path.realpath(args.dir or os.getcwd())
+    if not os.path.isdir(parent):
+        print(f"{prog}: --dir {args.dir}: not a directory", file=sys.stderr)
+        return 2
+
+    os.umask(0o022)     # the trees' modes are 644, and 755 for directories
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    CLEANUP.keep = args.keep
+    try:
+        return body(tool, parent) or 0
+    except BenchError as e:
+        print(f"{prog}: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted; cleaning up", file=sys.stderr, flush=True)
+        return 130
+    except SystemExit as e:
+        print(f"{prog}: stopped by a signal; cleaning up", file=sys.stderr, flush=True)
+        return e.code if isinstance(e.code, int) else 1
+    finally:
+        CLEANUP.run()
