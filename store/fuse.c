@@ -92,7 +92,7 @@ typedef struct InodeTable {
  * new one. */
 typedef struct ListingSlot {
         VolumeDir *dir;
-        uint64_t last_used;
+        uint64_t last_used;     /* 0 while empty */
 } ListingSlot;
 
 typedef struct Listings {
@@ -822,6 +822,11 @@ static int do_readdir(fuse_req_t req, Server *srv, const VolumeDir *d, size_t si
         return 0;
 }
 
+static void listing_drop(ListingSlot *slot) {
+        slot->dir = volume_dir_free(slot->dir);
+        slot->last_used = 0;
+}
+
 /* The listing of a directory read without opendir: a new one at offset 0,
  * else the one being read if it is still kept. */
 static int listing_get(Server *srv, fuse_ino_t ino, off_t off, ListingSlot **ret) {
@@ -836,11 +841,11 @@ static int listing_get(Server *srv, fuse_ino_t ino, off_t off, ListingSlot **ret
                         slot = s;
                         break;
                 }
-                if (!slot || (slot->dir && (!s->dir || s->last_used < slot->last_used)))
-                        slot = s;
+                if (!slot || s->last_used < slot->last_used)
+                        slot = s; /* an empty one, else the least recently used */
         }
         if (!slot->dir || slot->dir->ino != ino || off == 0) {
-                slot->dir = volume_dir_free(slot->dir);
+                listing_drop(slot);
                 r = volume_opendir(srv->volume, ino, &slot->dir);
                 if (r < 0)
                         return r;
@@ -862,13 +867,13 @@ static int readdir_listed(fuse_req_t req, Server *srv, fuse_ino_t ino, size_t si
                 return r;
         r = do_readdir(req, srv, slot->dir, size, off, plus, ret);
         if (r >= 0 && ret->len == 0)
-                slot->dir = volume_dir_free(slot->dir); /* read to its end */
+                listing_drop(slot); /* read to its end */
         return r;
 }
 
 static void listings_done(Listings *l) {
         for (size_t i = 0; i < LISTING_SLOTS; i++)
-                volume_dir_free(l->slots[i].dir);
+                listing_drop(&l->slots[i]);
         pthread_mutex_destroy(&l->lock);
 }
 

@@ -19,16 +19,11 @@ J = os.path.join
 MiB = 1 << 20
 FILE_SIZE = 8 * MiB
 N_FILES = 6
-READ_SIZE = 128 << 10
 
 
 def read_digest(path, errors):
     try:
-        h = hashlib.sha256()
-        with open(path, 'rb', buffering=0) as f:
-            while chunk := f.read(READ_SIZE):
-                h.update(chunk)
-        return h.hexdigest()
+        return t.sha256_file(path)
     except OSError as e:
         errors.append(f'reading {path}: {e}')
         return None
