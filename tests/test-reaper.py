@@ -3,10 +3,14 @@
 """The reaper can be paused, and runs at a bounded rate: while paused no
 reaper frees anything (the space stays reclaimable, and a reap says it is
 paused); after resuming, a reaper limited to 2 MiB/s takes at least as long
-as the rate says to free what was deleted, and frees all of it."""
+as the rate says to free what was deleted, and frees all of it. While a
+reaper marks and sweeps, a writer's fsync of small files goes through, and
+one that stores new blocks waits for it."""
 
+import fcntl
 import os
 import sys
+import threading
 import time
 
 sys.dont_write_bytecode = True
@@ -23,6 +27,48 @@ def fill(store, name, seed):
     with store.mount(name) as m:
         for i in range(4):
             t.write_file(m.p(f'f{i}'), t.random_bytes(DATA // 4, seed * 10 + i), fsync=True)
+
+
+def fsync_in_thread(path, data):
+    """Writes data into path and fsyncs it in a thread; the thread and
+    the list where it puts its error, if any."""
+    errors = []
+
+    def write():
+        try:
+            t.write_file(path, data, fsync=True)
+        except OSError as e:
+            errors.append(e)
+    th = threading.Thread(target=write, daemon=True)
+    th.start()
+    return th, errors
+
+
+def commits_during_gc(store):
+    """The store's GC lock, held exclusively as a reaper holds it while it
+    marks and sweeps: an fsync that adds no block reference (a file small
+    enough to be kept inline) must not wait for it; one that stores blocks
+    must, until the lock is let go."""
+    store.create('gc')
+    with store.mount('gc') as m:
+        t.write_file(m.p('warm'), b'x', fsync=True)
+        fd = os.open(os.path.join(store.path, 'locks', 'gc.lock'), os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            small, small_errors = fsync_in_thread(m.p('small'), b'inline content\n')
+            small.join(30)
+            t.check(not small.is_alive(), 'an fsync of a small file waited for the mark and sweep')
+            big, big_errors = fsync_in_thread(m.p('big'), t.random_bytes(256 * 1024, 5))
+            big.join(1.5)
+            t.check(big.is_alive(), 'an fsync storing new blocks went on during the mark and sweep')
+        finally:
+            os.close(fd)
+        big.join(60)
+        t.check(not big.is_alive(), 'an fsync storing new blocks still waits after the sweep')
+        t.check(not small_errors and not big_errors, f'errors: {small_errors + big_errors}')
+    with store.mount('gc') as m:
+        t.check_bytes(t.read_file(m.p('small')), b'inline content\n', 'the small file')
+        t.check_bytes(t.read_file(m.p('big')), t.random_bytes(256 * 1024, 5), 'the file of new blocks')
 
 
 def run():
@@ -52,6 +98,8 @@ def run():
                 f'{freed} bytes freed in {seconds:.2f} s: faster than the limit of {RATE} bytes/s')
         t.check_equal(store.usage()['reclaimable_bytes'], 0, 'reclaimable bytes after the reap')
         store.run('reap', '--rate', 'none')
+        store.fsck()
+        commits_during_gc(store)
         store.fsck()
 
 
