@@ -39,6 +39,7 @@ MAX_FILE_SIZE = POOL_SIZE
 VERIFY_SAMPLE = 64          # files whose content is compared after a snapshot
 RELEASE_TIMEOUT = 600.0     # seconds to wait for a FUSE server to let go of a subvolume
 MOUNT_TIMEOUT = 60.0
+MOUNT_POLL = 0.0002         # seconds between looks at a mount point that is not there yet
 
 
 class BenchError(Exception):
@@ -99,6 +100,35 @@ def ratio_words(cowbox, other):
     if r >= 1:
         return f"{fmt_factor(r)} faster"
     return f"{fmt_factor(1 / r)} slower"
+
+
+def judge_at_most(value, limit):
+    """'met', or 'MISSED by X' where X is how many times value must shrink."""
+    if value is None:
+        return "-"
+    return "met" if value <= limit else f"MISSED by {value / limit:.2f}x"
+
+
+def judge_at_least(value, limit):
+    """'met', or 'MISSED by X' where X is how many times value must grow."""
+    if not value:
+        return "-"
+    return "met" if value >= limit else f"MISSED by {limit / value:.2f}x"
+
+
+def print_targets(head, rows):
+    """An aligned table whose rows end with their result ('met', 'MISSED by
+    X', ...), then one line that counts the targets met and names those
+    missed."""
+    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
+    out(" | ".join(h.ljust(w) for h, w in zip(head, widths)))
+    out("-+-".join("-" * w for w in widths))
+    for r in rows:
+        out(" | ".join(c.ljust(w) for c, w in zip(r, widths)))
+    judged = [r for r in rows if r[-1] == "met" or r[-1].startswith("MISSED")]
+    missed = [r[0] for r in judged if r[-1].startswith("MISSED")]
+    out(f"{len(judged) - len(missed)} targets met, {len(missed)} missed" +
+        (": " + "; ".join(missed) if missed else ""))
 
 
 def median(xs):
@@ -572,6 +602,71 @@ def verify_copy(tree, copy, seed):
             if f1.read() != f2.read():
                 raise BenchError(f"the snapshot's {rel} differs from the tree's")
     return len(a)
+
+
+# ---------------------------------------------------------------------------
+# Caches, mounts and timed processes
+
+
+def drop_caches():
+    """Writes back everything, then drops the page cache, dentries and inodes."""
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def wait_mount_answers(mnt, parent_dev, timeout=60.0):
+    """Until stat of mnt gives another device than its parent's."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if os.stat(mnt).st_dev != parent_dev:
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise BenchError(f"{mnt} does not answer {timeout:.0f} s after mounting it")
+        time.sleep(MOUNT_POLL)
+
+
+def mount_timed(store, name, mnt):
+    """cowbox-store mount --background NAME MNT until stat of MNT answers; returns seconds."""
+    argv = store.argv("mount", "--background", name, mnt)
+    parent = os.stat(os.path.dirname(os.path.realpath(mnt))).st_dev
+    with tempfile.TemporaryFile() as log:
+        CLEANUP.mounts.append(mnt)
+        t0 = time.perf_counter()
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+        if p.returncode != 0:
+            log.seek(0)
+            raise BenchError(f"{shlex.join(argv)} failed (exit status {p.returncode}): "
+                             + log.read().decode(errors="replace").strip())
+        wait_mount_answers(mnt, parent)
+        return time.perf_counter() - t0
+
+
+def time_argv(argv, cwd=None, env=None):
+    """Seconds of one process, from start to exit; raises if it fails."""
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    t = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise BenchError(f"{shlex.join(map(str, argv))} failed (exit status {p.returncode})"
+                         + (f": {p.stderr.decode(errors='replace').strip()[-2000:]}"
+                            if p.stderr.strip() else ""))
+    return t
+
+
+def store_disk_bytes(path):
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
 
 
 # ---------------------------------------------------------------------------

@@ -8,23 +8,34 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "alloc-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
 
 #define PATH_DEPTH_MAX 4096
 
-/* The layers of a subvolume's stack, opened for reading. */
+/* The layers of a subvolume's stack, opened for reading, with the lookups
+ * every entry of a large layer may need prepared once. */
 typedef struct Stack {
         char *subvolume;
         uint64_t *ids;
         sqlite3 **dbs;          /* NULL entries: layers without a database */
+        sqlite3_stmt **get_dentry;
+        sqlite3_stmt **has_inode;
         size_t n;
 } Stack;
 
 static void stack_done(Stack *st) {
-        for (size_t i = 0; i < st->n; i++)
+        for (size_t i = 0; i < st->n; i++) {
+                if (st->get_dentry)
+                        sqlite3_finalize(st->get_dentry[i]);
+                if (st->has_inode)
+                        sqlite3_finalize(st->has_inode[i]);
                 if (st->dbs[i])
                         sqlite3_close_v2(st->dbs[i]);
+        }
+        free(st->get_dentry);
+        free(st->has_inode);
         free(st->dbs);
         free(st->ids);
         free(st->subvolume);
@@ -42,37 +53,73 @@ static int stack_open(Store *s, const SubvolumeRecord *rec, Stack *ret) {
         if (r < 0)
                 return r;
         ret->dbs = calloc(ret->n, sizeof *ret->dbs);
-        if (!ret->dbs)
+        ret->get_dentry = calloc(ret->n, sizeof *ret->get_dentry);
+        ret->has_inode = calloc(ret->n, sizeof *ret->has_inode);
+        if (!ret->dbs || !ret->get_dentry || !ret->has_inode)
                 return -ENOMEM;
         for (size_t i = 0; i < ret->n; i++) {
                 r = layer_open(s, ret->ids[i], LAYER_READ, &ret->dbs[i]);
-                if (r < 0 && r != -ENOENT)
+                if (r == -ENOENT)
+                        continue;
+                if (r < 0)
+                        return r;
+                r = sqlite_prepare(ret->dbs[i], "SELECT ino FROM dentries WHERE parent = ?1 AND name = ?2",
+                                   &ret->get_dentry[i]);
+                if (r < 0)
+                        return r;
+                r = sqlite_prepare(ret->dbs[i], "SELECT 1 FROM inodes WHERE ino = ?1", &ret->has_inode[i]);
+                if (r < 0)
                         return r;
         }
         return 0;
+}
+
+/* The ids of the stack's layers that have a database, top first: two
+ * stacks with the same ones hold the same tree. */
+typedef struct StackLayers {
+        uint64_t *ids;
+        size_t n;
+} StackLayers;
+
+static int stack_layers(const Stack *st, StackLayers *ret) {
+        *ret = (StackLayers) { .ids = calloc(MAX(st->n, 1u), sizeof *ret->ids) };
+        if (!ret->ids)
+                return -ENOMEM;
+        for (size_t i = 0; i < st->n; i++)
+                if (st->dbs[i])
+                        ret->ids[ret->n++] = st->ids[i];
+        return 0;
+}
+
+static bool stack_layers_equal(const StackLayers *a, const StackLayers *b) {
+        return a->n == b->n && memcmp(a->ids, b->ids, a->n * sizeof *a->ids) == 0;
+}
+
+/* Steps a prepared lookup once: 1 and its first column in *ret if it has a
+ * row, 0 if not. */
+static int lookup_step(sqlite3_stmt *q, uint64_t *ret) {
+        int r = sqlite_step_row(q);
+
+        if (r > 0 && ret)
+                *ret = (uint64_t) sqlite3_column_int64(q, 0);
+        sqlite3_reset(q);
+        return r;
 }
 
 /* The inode that (parent, name) names in the stack, 0 if none. */
 static int stack_dentry(const Stack *st, uint64_t parent, const void *name, int name_len, uint64_t *ret) {
         *ret = 0;
         for (size_t i = 0; i < st->n; i++) {
-                _cleanup_stmt_ sqlite3_stmt *q = NULL;
+                sqlite3_stmt *q = st->get_dentry[i];
                 int r;
 
-                if (!st->dbs[i])
+                if (!q)
                         continue;
-                r = sqlite_prepare(st->dbs[i], "SELECT ino FROM dentries WHERE parent = ?1 AND name = ?2", &q);
-                if (r < 0)
-                        return r;
                 sqlite3_bind_int64(q, 1, (sqlite3_int64) parent);
-                sqlite3_bind_blob(q, 2, name, name_len, SQLITE_STATIC);
-                r = sqlite_step_row(q);
-                if (r < 0)
-                        return r;
-                if (r > 0) {
-                        *ret = (uint64_t) sqlite3_column_int64(q, 0);
-                        return 0;
-                }
+                sqlite3_bind_blob(q, 2, name, name_len, SQLITE_TRANSIENT);
+                r = lookup_step(q, ret);
+                if (r != 0)
+                        return r < 0 ? r : 0;
         }
         return 0;
 }
@@ -230,10 +277,17 @@ static int stack_upper_count(const Stack *st, size_t layer, const char *sql) {
 
 /* Whether a layer above the given one has a row for ino (which hides it). */
 static int stack_row_hidden(const Stack *st, size_t layer, uint64_t ino) {
-        char sql[96];
+        for (size_t i = 0; i < layer; i++) {
+                int r;
 
-        snprintf(sql, sizeof sql, "SELECT count(*) FROM inodes WHERE ino = %" PRIu64, ino);
-        return stack_upper_count(st, layer, sql);
+                if (!st->has_inode[i])
+                        continue;
+                sqlite3_bind_int64(st->has_inode[i], 1, (sqlite3_int64) ino);
+                r = lookup_step(st->has_inode[i], NULL);
+                if (r != 0)
+                        return r;
+        }
+        return 0;
 }
 
 /* Whether an inline content reads: its checksum, and its decompression
@@ -247,46 +301,6 @@ static const char *inline_damage(Store *s, ZSTD_DCtx *dctx, sqlite3_stmt *q, voi
         if (sqlite3_column_int(q, 3) && zstd_decompress(s, dctx, buf, INLINE_MAX, data, len, &n) < 0)
                 return "inline content cannot be decompressed (damaged, or its dictionary is)";
         return NULL;
-}
-
-/* Small files' contents and symlink targets live in the layers' databases,
- * each with its own checksum: verified here for every visible one. */
-static int scrub_inline_stack(Store *s, const Stack *st, void *userdata) {
-        DamageReport *rep = userdata;
-        _cleanup_(ZSTD_freeDCtxp) ZSTD_DCtx *dctx = ZSTD_createDCtx();
-        _cleanup_free_ void *buf = malloc(INLINE_MAX);
-        int r = 0;
-
-        if (!dctx || !buf)
-                return -ENOMEM;
-        for (size_t l = 0; r >= 0 && l < st->n; l++) {
-                _cleanup_stmt_ sqlite3_stmt *q = NULL;
-
-                if (!st->dbs[l])
-                        continue;
-                r = sqlite_prepare(st->dbs[l],
-                                   "SELECT ino, data, data_check, data_zstd FROM inodes WHERE data IS NOT NULL", &q);
-                while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
-                        uint64_t ino = (uint64_t) sqlite3_column_int64(q, 0);
-                        StoreDamage damage = {};
-
-                        rep->stats->blocks_checked++;
-                        rep->stats->bytes_checked += (uint64_t) sqlite3_column_bytes(q, 1);
-                        damage.reason = inline_damage(s, dctx, q, buf);
-                        if (!damage.reason)
-                                continue;
-                        r = stack_row_hidden(st, l, ino);
-                        if (r != 0)
-                                continue; /* another layer's row is the one in use */
-                        block_count_corruption(s);
-                        rep->stats->blocks_damaged++;
-                        snprintf(damage.digest, sizeof damage.digest, "layer %" PRIu64 " inode %" PRIu64,
-                                 st->ids[l], ino);
-                        rep->damage = &damage;
-                        report_damage(rep, st, ino);
-                }
-        }
-        return r;
 }
 
 /* Whether a layer above the given one decides what block idx of ino is: an
@@ -338,56 +352,160 @@ static void report_layer_damage(DamageReport *rep, const Stack *st) {
         rep->reported = true;
 }
 
-/* Every row of every layer of the stack is checked. */
-static int scrub_rows_stack(Store *s, const Stack *st, void *userdata) {
-        DamageReport *rep = userdata;
-        int r = 0;
+/* A damaged record of a layer: found once, however many subvolumes share
+ * the layer, then reported for each subvolume that uses it. */
+typedef struct DamagedRow {
+        uint64_t layer;
+        uint64_t ino;           /* 0: the layer as a whole */
+        uint64_t idx;
+        const char *reason;
+        RowHiding hiding;
+        bool is_inline;         /* a small file's content: counted as a block */
+        bool counted;           /* in use by some subvolume, and counted */
+} DamagedRow;
 
-        for (size_t l = 0; r >= 0 && l < st->n; l++) {
-                if (!st->dbs[l] || !layer_has_row_checks(st->dbs[l], "main"))
-                        continue;
-                for (size_t i = 0; r >= 0 && i < ELEMENTSOF(damaged_row_queries); i++) {
-                        _cleanup_stmt_ sqlite3_stmt *q = NULL;
+typedef struct DamageList {
+        DamagedRow *rows;
+        size_t n, allocated;
+} DamageList;
 
-                        r = sqlite_prepare(st->dbs[l], damaged_row_queries[i].sql, &q);
-                        while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
-                                uint64_t ino = (uint64_t) sqlite3_column_int64(q, 0);
-                                uint64_t idx = (uint64_t) sqlite3_column_int64(q, 1);
-                                StoreDamage damage = { .reason = damaged_row_queries[i].reason };
+static int damage_add(DamageList *list, DamagedRow row) {
+        if (!GREEDY_REALLOC(list->rows, list->allocated, list->n + 1))
+                return -ENOMEM;
+        list->rows[list->n++] = row;
+        return 0;
+}
 
-                                switch (damaged_row_queries[i].hiding) {
-                                case ROW_HIDDEN_BY_INODE:
-                                        r = stack_row_hidden(st, l, ino);
-                                        break;
-                                case ROW_HIDDEN_BY_EXTENT:
-                                        r = stack_extent_hidden(st, l, ino, idx);
-                                        break;
-                                case ROW_NEVER_HIDDEN:
-                                        r = 0;
-                                        break;
-                                }
-                                if (r != 0)
-                                        continue; /* another layer's row is the one in use */
-                                block_count_corruption(s);
-                                rep->stats->rows_damaged++;
-                                snprintf(damage.digest, sizeof damage.digest, "layer %" PRIu64, st->ids[l]);
-                                rep->damage = &damage;
-                                if (ino == 0)
-                                        report_layer_damage(rep, st);
-                                else
-                                        report_damage(rep, st, ino);
-                        }
-                }
-                if (r >= 0) {
-                        int64_t n = 0;
+/* Small files' contents and symlink targets live in the layers' databases,
+ * each with its own checksum, and every row of a layer has a check of its
+ * own: all verified once per layer. */
+static int scrub_layer(Store *s, uint64_t id, ZSTD_DCtx *dctx, void *buf, StoreScrubStats *stats,
+                       DamageList *list) {
+        _cleanup_sqlite_ sqlite3 *db = NULL;
+        _cleanup_stmt_ sqlite3_stmt *q = NULL;
+        int64_t n = 0;
+        int r;
 
-                        r = sqlite_query_int(st->dbs[l],
-                                             "SELECT (SELECT count(*) FROM inodes) + (SELECT count(*) FROM dentries) + "
-                                             "(SELECT count(*) FROM xattrs) + (SELECT count(*) FROM extents) + "
-                                             "(SELECT count(*) FROM blockrefs) + (SELECT count(*) FROM info)", &n);
-                        rep->stats->rows_checked += (uint64_t) n;
-                }
+        r = layer_open(s, id, LAYER_READ, &db);
+        if (r == -ENOENT)
+                return 0; /* no database: an empty layer */
+        if (r < 0)
+                return r;
+
+        r = sqlite_prepare(db, "SELECT ino, data, data_check, data_zstd FROM inodes WHERE data IS NOT NULL", &q);
+        while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
+                const char *reason;
+
+                stats->blocks_checked++;
+                stats->bytes_checked += (uint64_t) sqlite3_column_bytes(q, 1);
+                reason = inline_damage(s, dctx, q, buf);
+                if (reason)
+                        r = damage_add(list, (DamagedRow) { .layer = id, .ino = (uint64_t) sqlite3_column_int64(q, 0),
+                                                            .reason = reason, .hiding = ROW_HIDDEN_BY_INODE,
+                                                            .is_inline = true });
         }
+        if (r < 0 || !layer_has_row_checks(db, "main"))
+                return r;
+
+        for (size_t i = 0; r >= 0 && i < ELEMENTSOF(damaged_row_queries); i++) {
+                _cleanup_stmt_ sqlite3_stmt *rows = NULL;
+
+                r = sqlite_prepare(db, damaged_row_queries[i].sql, &rows);
+                while (r >= 0 && (r = sqlite_step_row(rows)) > 0)
+                        r = damage_add(list, (DamagedRow) { .layer = id,
+                                                            .ino = (uint64_t) sqlite3_column_int64(rows, 0),
+                                                            .idx = (uint64_t) sqlite3_column_int64(rows, 1),
+                                                            .reason = damaged_row_queries[i].reason,
+                                                            .hiding = damaged_row_queries[i].hiding });
+        }
+        if (r < 0)
+                return r;
+        r = sqlite_query_int(db,
+                             "SELECT (SELECT count(*) FROM inodes) + (SELECT count(*) FROM dentries) + "
+                             "(SELECT count(*) FROM xattrs) + (SELECT count(*) FROM extents) + "
+                             "(SELECT count(*) FROM blockrefs) + (SELECT count(*) FROM info)", &n);
+        stats->rows_checked += (uint64_t) n;
+        return r;
+}
+
+typedef struct DamagedRowsReport {
+        DamageList *list;
+        DamageReport rep;
+} DamagedRowsReport;
+
+/* The damaged records that the stack uses: a record that a layer above
+ * replaces is not read, and not reported for this subvolume. */
+static int report_damaged_rows(Store *s, const Stack *st, void *userdata) {
+        DamagedRowsReport *drr = userdata;
+        DamageList *list = drr->list;
+        int r;
+
+        for (size_t i = 0; i < list->n; i++) {
+                DamagedRow *row = &list->rows[i];
+                StoreDamage damage = { .reason = row->reason };
+                size_t l = 0;
+
+                while (l < st->n && st->ids[l] != row->layer)
+                        l++;
+                if (l == st->n)
+                        continue;
+                switch (row->hiding) {
+                case ROW_HIDDEN_BY_INODE:
+                        r = stack_row_hidden(st, l, row->ino);
+                        break;
+                case ROW_HIDDEN_BY_EXTENT:
+                        r = stack_extent_hidden(st, l, row->ino, row->idx);
+                        break;
+                default:
+                        r = 0;
+                        break;
+                }
+                if (r < 0)
+                        return r;
+                if (r > 0)
+                        continue;
+
+                if (!row->counted) {
+                        row->counted = true;
+                        block_count_corruption(s);
+                        if (row->is_inline)
+                                drr->rep.stats->blocks_damaged++;
+                        else
+                                drr->rep.stats->rows_damaged++;
+                }
+                if (row->is_inline)
+                        snprintf(damage.digest, sizeof damage.digest, "layer %" PRIu64 " inode %" PRIu64,
+                                 row->layer, row->ino);
+                else
+                        snprintf(damage.digest, sizeof damage.digest, "layer %" PRIu64, row->layer);
+                drr->rep.damage = &damage;
+                if (row->ino == 0)
+                        report_layer_damage(&drr->rep, st);
+                else
+                        report_damage(&drr->rep, st, row->ino);
+        }
+        return 0;
+}
+
+/* Every live layer's records once, then the damage by subvolume. */
+static int scrub_layers(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *stats) {
+        _cleanup_(ZSTD_freeDCtxp) ZSTD_DCtx *dctx = ZSTD_createDCtx();
+        _cleanup_free_ void *buf = malloc(INLINE_MAX);
+        _cleanup_free_ uint64_t *layers = NULL;
+        DamageList list = {};
+        size_t n = 0;
+        int r;
+
+        if (!dctx || !buf)
+                return -ENOMEM;
+        r = catalog_live_layers(s, &layers, &n);
+        for (size_t i = 0; r >= 0 && i < n; i++)
+                r = scrub_layer(s, layers[i], dctx, buf, stats, &list);
+        if (r >= 0 && list.n > 0)
+                r = for_each_stack(s, report_damaged_rows,
+                                   &(DamagedRowsReport) { .list = &list,
+                                                          .rep = { .cb = cb, .userdata = userdata, .stats = stats } });
+        free(list.rows);
         return r;
 }
 
@@ -431,9 +549,7 @@ int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *r
                                 return r;
                 }
         }
-        r = for_each_stack(s, scrub_inline_stack, &(DamageReport) { .cb = cb, .userdata = userdata, .stats = &stats });
-        if (r >= 0)
-                r = for_each_stack(s, scrub_rows_stack, &(DamageReport) { .cb = cb, .userdata = userdata, .stats = &stats });
+        r = scrub_layers(s, cb, userdata, &stats);
         if (r < 0)
                 return r;
         if (ret)
@@ -449,7 +565,17 @@ typedef struct Fsck {
         store_problem_cb cb;
         void *userdata;
         int unrepaired;
+        /* Stacks found without problems: a snapshot whose own layers are
+         * still empty holds the same tree, and is not walked again. */
+        StackLayers *clean;
+        size_t n_clean, allocated_clean;
 } Fsck;
+
+static void fsck_done(Fsck *f) {
+        for (size_t i = 0; i < f->n_clean; i++)
+                free(f->clean[i].ids);
+        free(f->clean);
+}
 
 _printf_(3, 4)
 static void problem(Fsck *f, bool repaired, const char *format, ...) {
@@ -554,7 +680,8 @@ static int check_layer_blocks(Fsck *f, uint64_t id) {
 /* Every visible entry of the subvolume names an inode that exists. */
 static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
         _cleanup_(stack_done) Stack st = {};
-        int r;
+        StackLayers layers;
+        int r, unrepaired = f->unrepaired;
 
         r = stack_open(f->store, rec, &st);
         if (r == -EUCLEAN) {
@@ -563,43 +690,48 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
         }
         if (r < 0)
                 return r;
+        r = stack_layers(&st, &layers);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < f->n_clean; i++)
+                if (stack_layers_equal(&f->clean[i], &layers)) {
+                        free(layers.ids);
+                        return 0;
+                }
 
-        for (size_t i = 0; i < st.n; i++) {
+        for (size_t i = 0; r >= 0 && i < st.n; i++) {
                 _cleanup_stmt_ sqlite3_stmt *q = NULL;
 
                 if (!st.dbs[i])
                         continue;
                 r = sqlite_prepare(st.dbs[i], "SELECT parent, name, ino FROM dentries WHERE ino != 0", &q);
-                if (r < 0)
-                        return r;
-                while ((r = sqlite_step_row(q)) > 0) {
+                while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
                         uint64_t ino = (uint64_t) sqlite3_column_int64(q, 2), visible;
 
                         r = stack_dentry(&st, (uint64_t) sqlite3_column_int64(q, 0), sqlite3_column_blob(q, 1),
                                          sqlite3_column_bytes(q, 1), &visible);
-                        if (r < 0)
-                                return r;
-                        if (visible != ino)
+                        if (r < 0 || visible != ino)
                                 continue;
                         /* In any layer: as if hidden from below the bottom. */
                         r = stack_row_hidden(&st, st.n, ino);
-                        if (r < 0)
-                                return r;
                         if (r == 0)
                                 problem(f, false, "subvolume '%s': entry '%.*s' names inode %" PRIu64 ", which is missing",
                                         rec->name, sqlite3_column_bytes(q, 1),
                                         (const char *) sqlite3_column_blob(q, 1), ino);
                 }
-                if (r < 0)
-                        return r;
         }
-        return 0;
+        if (r >= 0 && f->unrepaired == unrepaired && GREEDY_REALLOC(f->clean, f->allocated_clean, f->n_clean + 1)) {
+                f->clean[f->n_clean++] = layers;
+                return 0;
+        }
+        free(layers.ids);
+        return r < 0 ? r : 0;
 }
 
 int store_fsck(Store *s, bool repair, store_problem_cb cb, void *userdata) {
         _cleanup_free_ SubvolumeRecord *recs = NULL;
         _cleanup_free_ uint64_t *layers = NULL;
-        Fsck f = { .store = s, .repair = repair, .cb = cb, .userdata = userdata };
+        _cleanup_(fsck_done) Fsck f = { .store = s, .repair = repair, .cb = cb, .userdata = userdata };
         size_t n = 0, n_layers = 0;
         int r;
 
