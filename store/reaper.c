@@ -76,6 +76,14 @@ int gc_lock_shared(Store *s, int *ret_fd) {
         return gc_locks_take(s, LOCK_SH, &intent, ret_fd);
 }
 
+/* As gc_lock_shared(), but -EAGAIN at once where that would wait: for
+ * work that can as well be left to the next commit. */
+int gc_try_lock_shared(Store *s, int *ret_fd) {
+        _cleanup_close_ int intent = -EBADF;
+
+        return gc_locks_take(s, LOCK_SH | LOCK_NB, &intent, ret_fd);
+}
+
 void gc_unlock(int *fd) {
         *fd = safe_close(*fd);
 }

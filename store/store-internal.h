@@ -364,6 +364,7 @@ int fold_layers(Store *s, StoreReapStats *stats);
  * are not committed yet, so that the reaper never frees a block between a
  * writer's dedup hit and its commit. */
 int gc_lock_shared(Store *s, int *fd);
+int gc_try_lock_shared(Store *s, int *fd);
 void gc_unlock(int *fd);
 
 /* ---- control.c ---- */

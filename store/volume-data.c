@@ -15,6 +15,7 @@
 #include <linux/falloc.h>
 #include <string.h>
 
+#include "time-util.h"
 #include "volume-internal.h"
 
 static size_t dirty_bucket(uint64_t ino, uint64_t idx) {
@@ -120,6 +121,8 @@ static int dirty_get(Volume *v, const InodeRow *row, uint64_t idx, bool load, Di
                         }
                 }
         }
+        b->seq = ++v->dirty_seq; /* the caller changes it */
+        b->changed_usec = monotonic_usec();
         *ret = b;
         return 0;
 }
@@ -128,9 +131,6 @@ static bool is_zero(const uint8_t *p, size_t n) {
         return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
 }
 
-/* Blocks are stored this many at a time: the new ones among them are
- * compressed by several threads. */
-#define FLUSH_BATCH 64
 
 /* Stores a batch of dirty blocks. Those that are stored, zero, or past
  * their file's end leave memory; those of unlinked inodes, and those that
@@ -232,6 +232,108 @@ done:
         if (ret_failed)
                 *ret_failed = failed;
         return 0;
+}
+
+/* A whole block copied out of memory to be stored without the lock. */
+typedef struct AheadBlock {
+        uint64_t ino;
+        uint64_t idx;
+        uint64_t seq;
+} AheadBlock;
+
+/* Copies up to FLUSH_BATCH dirty blocks that lie wholly inside their file
+ * and were left alone for a while into data (the block being appended to
+ * stays behind: it is not done). Sets when the young ones left behind are
+ * old enough. */
+static int flush_ahead_pick(Volume *v, AheadBlock *picked, uint8_t *data, size_t *ret_n) {
+        uint64_t size_ino = 0, size = 0, now = monotonic_usec(), youngest = 0;
+        size_t n = 0;
+        int r;
+
+        for (size_t h = 0; h < DIRTY_BUCKETS && n < FLUSH_BATCH; h++)
+                for (DirtyBlock *b = v->dirty[h]; b && n < FLUSH_BATCH; b = b->next) {
+                        if (b->ino != size_ino) {
+                                _cleanup_(inode_row_clear) InodeRow row = {};
+
+                                r = inode_get(v, b->ino, &row);
+                                if (r == -ENOENT)
+                                        continue;
+                                if (r < 0)
+                                        return r;
+                                size_ino = b->ino;
+                                size = row.nlink > 0 ? row.size : 0;
+                        }
+                        if ((b->idx + 1) * STORE_BLOCK_SIZE > size || is_zero(b->data, STORE_BLOCK_SIZE))
+                                continue; /* not done, or a hole the commit makes */
+                        if (now - b->changed_usec < FLUSH_AHEAD_AGE_USEC) {
+                                youngest = MAX(youngest, b->changed_usec);
+                                continue;
+                        }
+                        picked[n] = (AheadBlock) { .ino = b->ino, .idx = b->idx, .seq = b->seq };
+                        memcpy(data + n * STORE_BLOCK_SIZE, b->data, STORE_BLOCK_SIZE);
+                        n++;
+                }
+        v->flush_ahead_retry_usec = youngest ? youngest + FLUSH_AHEAD_AGE_USEC : 0;
+        *ret_n = n;
+        return 0;
+}
+
+/* Stores whole dirty blocks ahead of the commit: picked and copied under
+ * the lock, digested and compressed without it, and their extents put
+ * under it again, each only if nobody changed the block meanwhile (else
+ * the stored copy is left for the reaper). The GC lock is taken before
+ * the first block is stored and held until the commit that references
+ * them; while a reaper holds it, nothing is done. Returns how many blocks
+ * it picked. */
+int data_flush_ahead(Volume *v) {
+        _cleanup_free_ uint8_t *data = NULL;
+        AheadBlock picked[FLUSH_BATCH];
+        BlockPut puts[FLUSH_BATCH];
+        size_t n = 0;
+        int r;
+
+        v->flush_ahead_at = v->n_dirty + FLUSH_AHEAD_BLOCKS;
+        if (!v->writable || v->failed || v->n_dirty == 0)
+                return 0;
+        data = malloc((size_t) FLUSH_BATCH * STORE_BLOCK_SIZE);
+        if (!data)
+                return -ENOMEM;
+        /* A reaper at work: writers should not wait for it here. */
+        if (v->gc_fd < 0) {
+                r = gc_try_lock_shared(v->store, &v->gc_fd);
+                if (r < 0)
+                        return r == -EAGAIN ? 0 : r;
+        }
+
+        r = flush_ahead_pick(v, picked, data, &n);
+        if (r < 0 || n == 0)
+                return r;
+
+        v->flushing_ahead = true;
+        pthread_mutex_unlock(&v->lock);
+        for (size_t i = 0; i < n; i++) {
+                puts[i] = (BlockPut) { .data = data + i * STORE_BLOCK_SIZE, .len = STORE_BLOCK_SIZE };
+                block_digest(v->store, puts[i].data, STORE_BLOCK_SIZE, &puts[i].digest);
+        }
+        block_put_many(v->store, puts, n);
+        pthread_mutex_lock(&v->lock);
+        v->flushing_ahead = false;
+
+        for (size_t i = 0; i < n; i++) {
+                DirtyBlock *b = dirty_find(v, picked[i].ino, picked[i].idx);
+
+                if (!b || b->seq != picked[i].seq || puts[i].result < 0)
+                        continue; /* changed, stored or dropped meanwhile; or no room: the commit tries */
+                r = extent_put(v, picked[i].ino, picked[i].idx, &puts[i].digest, STORE_BLOCK_SIZE,
+                               puts[i].loc.stored_len);
+                if (r == -ENOSPC)
+                        continue;
+                if (r < 0)
+                        return r;
+                data_forget_dirty_one(v, picked[i].ino, picked[i].idx);
+        }
+        v->flush_ahead_at = v->n_dirty + FLUSH_AHEAD_BLOCKS;
+        return (int) n;
 }
 
 /* A part of a read that comes from a stored block. */
@@ -494,6 +596,10 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
                 return r;
         logical_size_changed(v, old_size, row.size);
 
+        if (v->n_dirty >= v->flush_ahead_at && !v->flush_ahead_wanted && v->committer_running) {
+                v->flush_ahead_wanted = true;
+                pthread_cond_signal(&v->wake);
+        }
         if (v->n_dirty > DIRTY_MAX) {
                 int failed;
 

@@ -48,13 +48,24 @@ typedef struct TopStatements {
 typedef struct DirtyBlock {
         uint64_t ino;
         uint64_t idx;
+        uint64_t seq;           /* the volume's dirty_seq at its last change */
+        uint64_t changed_usec;  /* monotonic time of its last change */
         struct DirtyBlock *next;
         uint8_t data[];
 } DirtyBlock;
 
 #define DIRTY_BUCKETS 4096
+/* Blocks are stored this many at a time: the new ones among them are
+ * compressed by several threads. */
+#define FLUSH_BATCH 64
 /* Past this many dirty blocks (64 MiB), writes flush them before commit. */
 #define DIRTY_MAX 1024
+/* Past this many more dirty blocks (4 MiB) since the last look, the
+ * committer stores whole ones ahead of the commit, those left alone for
+ * FLUSH_AHEAD_AGE_USEC: a block rewritten more often than that is stored
+ * once, at the commit. */
+#define FLUSH_AHEAD_BLOCKS 64
+#define FLUSH_AHEAD_AGE_USEC 50000
 /* Small files are compressed alone: a fast level does as well as any. */
 #define INLINE_ZSTD_LEVEL 1
 
@@ -83,6 +94,14 @@ struct Volume {
 
         DirtyBlock *dirty[DIRTY_BUCKETS];
         size_t n_dirty;
+        uint64_t dirty_seq;
+        /* Stored ahead of the commit by the committer, without the lock,
+         * so that a commit (a snapshot's above all) finds little left to
+         * compress. */
+        size_t flush_ahead_at;  /* n_dirty that asks for it */
+        uint64_t flush_ahead_retry_usec; /* when young blocks left behind are old enough; 0: none */
+        bool flush_ahead_wanted;
+        bool flushing_ahead;    /* the GC lock stays held until it is done */
 
         int lock_fd;
         int gc_fd;
@@ -167,5 +186,8 @@ int volume_check_quota(Volume *v, uint64_t bytes);
 /* ---- volume-data.c ---- */
 int data_truncate(Volume *v, InodeRow *row, uint64_t size);
 int data_flush_all(Volume *v, uint64_t must_ino, int *ret_failed);
+/* Caller holds the lock, which is let go while blocks are compressed.
+ * Returns how many blocks it picked (at most FLUSH_BATCH). */
+int data_flush_ahead(Volume *v);
 void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx);
 uint64_t data_allocated_bytes(Volume *v, const InodeRow *row);

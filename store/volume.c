@@ -16,6 +16,7 @@
 
 #include "alloc-util.h"
 #include "sqlite-util.h"
+#include "time-util.h"
 #include "volume-internal.h"
 
 #ifndef COMMIT_INTERVAL_MS
@@ -325,7 +326,9 @@ int volume_commit_locked(Volume *v, uint64_t must_ino) {
         }
         v->in_transaction = false;
         v->changed = v->n_dirty > 0; /* what stays in memory is committed later */
-        gc_unlock(&v->gc_fd);
+        v->flush_ahead_at = v->n_dirty + FLUSH_AHEAD_BLOCKS;
+        if (!v->flushing_ahead)
+                gc_unlock(&v->gc_fd);
         return failed;
 }
 
@@ -355,22 +358,46 @@ int volume_check_quota(Volume *v, uint64_t bytes) {
         return 0;
 }
 
+/* Commits every COMMIT_INTERVAL_MS; in between, stores whole dirty blocks
+ * when writers have made enough of them, and again when those it had to
+ * leave because they had just changed have been left alone long enough. */
 static void *committer_main(void *userdata) {
         Volume *v = userdata;
+        uint64_t next_commit = monotonic_usec() + COMMIT_INTERVAL_MS * 1000ull;
 
         pthread_mutex_lock(&v->lock);
         while (!v->stopping) {
+                uint64_t now = monotonic_usec(), until = next_commit;
+
+                if (now >= next_commit) {
+                        (void) volume_commit_locked(v, 0);
+                        quota_refresh(v);
+                        v->flush_ahead_retry_usec = 0;
+                        next_commit = monotonic_usec() + COMMIT_INTERVAL_MS * 1000ull;
+                        continue;
+                }
+                if (v->flush_ahead_retry_usec != 0 && now >= v->flush_ahead_retry_usec) {
+                        v->flush_ahead_retry_usec = 0;
+                        v->flush_ahead_wanted = true;
+                }
+                if (v->flush_ahead_wanted) {
+                        /* Writes may have gone on meanwhile: more, until a
+                         * look finds nothing to store. */
+                        v->flush_ahead_wanted = data_flush_ahead(v) > 0 && v->n_dirty >= FLUSH_AHEAD_BLOCKS;
+                        continue;
+                }
+                if (v->flush_ahead_retry_usec != 0)
+                        until = MIN(until, v->flush_ahead_retry_usec);
+
                 struct timespec deadline;
+                uint64_t wait = until - now;
 
                 clock_gettime(CLOCK_REALTIME, &deadline);
-                deadline.tv_nsec += (long) (COMMIT_INTERVAL_MS % 1000) * 1000000;
-                deadline.tv_sec += COMMIT_INTERVAL_MS / 1000 + deadline.tv_nsec / 1000000000;
+                deadline.tv_sec += (time_t) (wait / 1000000u);
+                deadline.tv_nsec += (long) (wait % 1000000u) * 1000;
+                deadline.tv_sec += deadline.tv_nsec / 1000000000;
                 deadline.tv_nsec %= 1000000000;
                 (void) pthread_cond_timedwait(&v->wake, &v->lock, &deadline);
-                if (v->stopping)
-                        break;
-                (void) volume_commit_locked(v, 0);
-                quota_refresh(v);
         }
         pthread_mutex_unlock(&v->lock);
         return NULL;
@@ -431,6 +458,7 @@ int volume_open(Store *s, const char *name, bool writable, Volume **ret, pid_t *
         v->subvolume_id = rec.id;
         v->writable = writable;
         v->lock_fd = v->gc_fd = -EBADF;
+        v->flush_ahead_at = FLUSH_AHEAD_BLOCKS;
         pthread_mutex_init(&v->lock, NULL);
         pthread_cond_init(&v->wake, NULL);
         v->name = strdup(name);

@@ -16,10 +16,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
+#include <unistd.h>
 
 #include "cleanup.h"
 #include "store.h"
 #include "string-util.h"
+#include "time-util.h"
 
 static const char *test_name = "";
 
@@ -539,6 +541,77 @@ static void test_parallel_reads(Store *s) {
         }
 }
 
+/* Whole dirty blocks are stored ahead of the commit by the volume's
+ * committer, compressed without the volume's lock: they must be stored
+ * before the first commit, and a block rewritten while its old copy was
+ * being compressed must keep what was written last. */
+#define AHEAD_BYTES (16u << 20)
+#define AHEAD_REWRITE_USEC 400000
+#define AHEAD_WRITTEN_USEC 500000
+#define AHEAD_FIRST_COMMIT_USEC 900000  /* the commit interval is 1 s */
+
+static size_t settled_blocks(Volume *v, uint64_t ino) {
+        _cleanup_free_ VolumeExtent *extents = NULL;
+        size_t n = 0, settled = 0;
+
+        CHECK_OK(volume_file_extents(v, ino, &extents, &n));
+        for (size_t i = 0; i < n; i++)
+                settled += !extents[i].unsettled && !extents[i].hole;
+        return settled;
+}
+
+static void test_flush_ahead(Store *s) {
+        _cleanup_free_ uint8_t *expect = malloc(AHEAD_BYTES), *piece = malloc(2 * VOLUME_BLOCK_SIZE);
+        uint64_t opened, ino;
+        unsigned seed = 1;
+        size_t settled = 0;
+        Volume *v;
+
+        test_name = "flush-ahead";
+        CHECK(expect && piece);
+        CHECK_OK(store_subvolume_create(s, "ahead"));
+        v = open_volume(s, "ahead", true);
+        opened = monotonic_usec();
+        ino = make_file(v, 1, "large");
+        fill_pattern(expect, AHEAD_BYTES, 500);
+        /* As the kernel writes a file back: 1 MiB at a time. */
+        for (size_t off = 0; off < AHEAD_BYTES; off += 1u << 20)
+                CHECK(volume_write(v, ino, expect + off, 1u << 20, off) == 1 << 20);
+
+        if (monotonic_usec() - opened > AHEAD_WRITTEN_USEC)
+                fprintf(stderr, "%s: writing took too long to tell a flush ahead from the first commit; "
+                        "not checked\n", test_name);
+        else {
+                do {
+                        settled = settled_blocks(v, ino);
+                        if (settled >= AHEAD_BYTES / VOLUME_BLOCK_SIZE / 2)
+                                break;
+                        (void) usleep(5000);
+                } while (monotonic_usec() - opened < AHEAD_FIRST_COMMIT_USEC);
+                CHECK(settled >= AHEAD_BYTES / VOLUME_BLOCK_SIZE / 2);
+        }
+
+        /* Rewrites, whole blocks and pieces, while blocks are stored ahead. */
+        for (uint64_t until = monotonic_usec() + AHEAD_REWRITE_USEC; monotonic_usec() < until;) {
+                size_t len = 1 + (size_t) rand() % (2 * VOLUME_BLOCK_SIZE);
+                size_t off = (size_t) rand() % (AHEAD_BYTES - len);
+
+                if (seed % 2)
+                        off -= off % VOLUME_BLOCK_SIZE, len = VOLUME_BLOCK_SIZE;
+                fill_pattern(piece, len, 600 + seed++);
+                CHECK(volume_write(v, ino, piece, len, off) == (ssize_t) len);
+                memcpy(expect + off, piece, len);
+        }
+        check_content(v, ino, expect, AHEAD_BYTES);
+        CHECK_OK(volume_sync(v));
+        volume_close(v);
+
+        v = open_volume(s, "ahead", false);
+        check_content(v, ino, expect, AHEAD_BYTES);
+        CHECK(settled_blocks(v, ino) == AHEAD_BYTES / VOLUME_BLOCK_SIZE);
+        volume_close(v);
+}
+
 int main(void) {
         Store *s = NULL;
 
@@ -559,6 +632,7 @@ int main(void) {
         test_clone_and_image_state(s);
         test_delete_reap_and_corruption(s);
         test_parallel_reads(s);
+        test_flush_ahead(s);
 
         CHECK(store_fsck(s, false, NULL, NULL) == 0);
         store_close(s);
