@@ -54,9 +54,22 @@ static DirtyBlock *dirty_new(Volume *v, uint64_t ino, uint64_t idx) {
         return b;
 }
 
+static void data_forget_dirty_one(Volume *v, uint64_t ino, uint64_t idx);
+
 /* Forgets the dirty blocks of ino from first_idx on (of every inode if ino
- * is 0). */
-void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx) {
+ * is 0). size is the file's: the blocks of a small one are looked up one
+ * by one instead of searching every bucket (no dirty block lies past the
+ * end of its file, and one that did would be dropped by the next commit). */
+void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx, uint64_t size) {
+        uint64_t end_idx = DIV_ROUND_UP(size, STORE_BLOCK_SIZE);
+
+        if (v->n_dirty == 0)
+                return;
+        if (ino != 0 && end_idx <= first_idx + DIRTY_BUCKETS / 64) {
+                for (uint64_t idx = first_idx; idx < end_idx; idx++)
+                        data_forget_dirty_one(v, ino, idx);
+                return;
+        }
         for (size_t h = 0; h < DIRTY_BUCKETS; h++) {
                 DirtyBlock **p = &v->dirty[h];
 
@@ -659,7 +672,7 @@ int data_truncate(Volume *v, InodeRow *row, uint64_t size) {
         } else if (size < old_size) {
                 uint64_t keep = DIV_ROUND_UP(size, STORE_BLOCK_SIZE);
 
-                data_forget_dirty(v, row->ino, keep);
+                data_forget_dirty(v, row->ino, keep, old_size);
                 r = extents_delete_from(v, row->ino, keep);
                 if (r < 0)
                         return r;

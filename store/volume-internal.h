@@ -28,6 +28,7 @@ typedef struct VolumeLayer {
 /* Statements that change the top layer. */
 typedef struct TopStatements {
         sqlite3_stmt *put_inode;
+        sqlite3_stmt *put_inode_attrs;
         sqlite3_stmt *delete_inode;
         sqlite3_stmt *put_dentry;
         sqlite3_stmt *delete_dentry;
@@ -148,6 +149,9 @@ typedef struct InodeRow {
         bool stored_zstd;
         uint64_t stored_check;
         uint64_t decoded_check;
+        /* Read by inode_get_attr(): the inline content is in the layer but
+         * not in data. inode_put() then changes the attributes only. */
+        bool content_unread;
         size_t layer;           /* index in v->layers where it was found */
 } InodeRow;
 
@@ -161,6 +165,12 @@ int volume_row_intact(Volume *v, sqlite3_stmt *st, int column);
 /* ---- volume.c ---- */
 int volume_ensure_top(Volume *v);
 int inode_get(Volume *v, uint64_t ino, InodeRow *ret);
+/* The row without a regular file's inline content (data is NULL, data_len
+ * its size): what stat needs, without decompressing anything. */
+int inode_get_attr(Volume *v, uint64_t ino, InodeRow *ret);
+/* inode_get_for_write() for changes of attributes only: the content is
+ * read only where the row has to be copied up. */
+int inode_get_attr_for_write(Volume *v, uint64_t ino, InodeRow *ret);
 int inode_put(Volume *v, const InodeRow *row);
 /* Returns the row after copying it up into the top layer if needed. */
 int inode_get_for_write(Volume *v, uint64_t ino, InodeRow *ret);
@@ -189,5 +199,5 @@ int data_flush_all(Volume *v, uint64_t must_ino, int *ret_failed);
 /* Caller holds the lock, which is let go while blocks are compressed.
  * Returns how many blocks it picked (at most FLUSH_BATCH). */
 int data_flush_ahead(Volume *v);
-void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx);
+void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx, uint64_t size);
 uint64_t data_allocated_bytes(Volume *v, const InodeRow *row);

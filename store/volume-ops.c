@@ -62,7 +62,7 @@ int volume_lookup(Volume *v, uint64_t parent, const char *name, struct stat *ret
         r = dentry_get(v, parent, name, &ino, NULL);
         if (r < 0)
                 return r;
-        r = inode_get(v, ino, &row);
+        r = inode_get_attr(v, ino, &row);
         if (r == -ENOENT)
                 return -EIO; /* an entry without its inode: damaged metadata */
         if (r < 0)
@@ -76,7 +76,7 @@ int volume_getattr(Volume *v, uint64_t ino, struct stat *ret) {
         int r;
 
         MUTEX_LOCKED(&v->lock);
-        r = inode_get(v, ino, &row);
+        r = inode_get_attr(v, ino, &row);
         if (r < 0)
                 return r;
         inode_to_stat(v, &row, ret);
@@ -89,7 +89,8 @@ int volume_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsigned va
         int r;
 
         MUTEX_LOCKED(&v->lock);
-        r = inode_get_for_write(v, ino, &row);
+        /* Only a change of size needs the content. */
+        r = valid & VOLUME_SET_SIZE ? inode_get_for_write(v, ino, &row) : inode_get_attr_for_write(v, ino, &row);
         if (r < 0)
                 return r;
 
@@ -278,7 +279,7 @@ int volume_link(Volume *v, uint64_t ino, uint64_t newparent, const char *newname
         r = dir_get(v, newparent, true, &dir);
         if (r < 0)
                 return r;
-        r = inode_get_for_write(v, ino, &row);
+        r = inode_get_attr_for_write(v, ino, &row);
         if (r < 0)
                 return r;
         if (S_ISDIR(row.mode))
@@ -325,7 +326,7 @@ static int remove_name(Volume *v, uint64_t parent, const char *name, bool want_d
         r = dentry_get(v, parent, name, &ino, NULL);
         if (r < 0)
                 return r;
-        r = inode_get_for_write(v, ino, &row);
+        r = inode_get_attr_for_write(v, ino, &row);
         if (r < 0)
                 return r;
 
@@ -373,14 +374,14 @@ void volume_forget(Volume *v, uint64_t ino) {
         _cleanup_(inode_row_clear) InodeRow row = {};
 
         MUTEX_LOCKED(&v->lock);
-        if (!v->writable || inode_get(v, ino, &row) < 0 || row.nlink > 0)
+        if (!v->writable || inode_get_attr(v, ino, &row) < 0 || row.nlink > 0)
                 return;
         /* Unlinked before a snapshot froze its row: only its data in memory
          * is ours to drop. */
         if (row.layer == 0)
                 (void) inode_drop(v, &row);
         else
-                data_forget_dirty(v, ino, 0);
+                data_forget_dirty(v, ino, 0, row.size);
 }
 
 /* A directory moves from one parent to another: link counts follow. */
@@ -479,11 +480,11 @@ int volume_rename(Volume *v, uint64_t parent, const char *name,
         if (dst_ino == src_ino)
                 return 0; /* two names of one inode: POSIX says do nothing */
 
-        r = inode_get_for_write(v, src_ino, &src);
+        r = inode_get_attr_for_write(v, src_ino, &src);
         if (r < 0)
                 return r;
         if (dst_ino != 0) {
-                r = inode_get_for_write(v, dst_ino, &dst);
+                r = inode_get_attr_for_write(v, dst_ino, &dst);
                 if (r < 0)
                         return r;
         }
@@ -624,7 +625,7 @@ int volume_setxattr(Volume *v, uint64_t ino, const char *name, const void *value
         r = space_check(v->store, METADATA_COST + size, SPACE_METADATA);
         if (r < 0)
                 return r;
-        r = inode_get_for_write(v, ino, &row);
+        r = inode_get_attr_for_write(v, ino, &row);
         if (r < 0)
                 return r;
         r = xattr_find(v, &row, name, &st);
@@ -660,7 +661,7 @@ ssize_t volume_getxattr(Volume *v, uint64_t ino, const char *name, void *buf, si
                 return r;
 
         MUTEX_LOCKED(&v->lock);
-        r = inode_get(v, ino, &row);
+        r = inode_get_attr(v, ino, &row);
         if (r < 0)
                 return r;
         r = xattr_find(v, &row, name, &st);
@@ -686,7 +687,7 @@ ssize_t volume_listxattr(Volume *v, uint64_t ino, char *buf, size_t size) {
         int r;
 
         MUTEX_LOCKED(&v->lock);
-        r = inode_get(v, ino, &row);
+        r = inode_get_attr(v, ino, &row);
         if (r < 0)
                 return r;
         st = v->layers[row.layer].list_xattrs;
@@ -723,7 +724,7 @@ int volume_removexattr(Volume *v, uint64_t ino, const char *name) {
                 return r;
 
         MUTEX_LOCKED(&v->lock);
-        r = inode_get_for_write(v, ino, &row);
+        r = inode_get_attr_for_write(v, ino, &row);
         if (r < 0)
                 return r;
         r = xattr_find(v, &row, name, &st);

@@ -35,6 +35,7 @@ void inode_row_clear(InodeRow *row) {
         free(row->stored);
         row->stored = NULL;
         row->stored_len = 0;
+        row->content_unread = false;
 }
 
 /* Keeps the stored form of a compressed content, to put it back as it is
@@ -123,6 +124,12 @@ static int top_prepare(Volume *v) {
                   "parent, lower_limit, data, data_zstd, data_check, row_check) "
                   "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, "
                   "cowbox_check('inode', ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14, ?15))" },
+                /* The content and its check stay as they are. */
+                { offsetof(TopStatements, put_inode_attrs),
+                  "UPDATE inodes SET mode = ?2, nlink = ?3, uid = ?4, gid = ?5, rdev = ?6, size = ?7, atime_ns = ?8, "
+                  "mtime_ns = ?9, ctime_ns = ?10, parent = ?11, lower_limit = ?12, "
+                  "row_check = cowbox_check('inode', ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, data_zstd, "
+                  "data_check) WHERE ino = ?1" },
                 { offsetof(TopStatements, delete_inode), "DELETE FROM inodes WHERE ino = ?1" },
                 { offsetof(TopStatements, put_dentry),
                   "INSERT OR REPLACE INTO dentries(parent, name, ino, type, row_check) "
@@ -526,7 +533,7 @@ Volume *volume_close(Volume *v) {
         if (v->in_transaction && v->layers[0].db)
                 sqlite_rollback(v->layers[0].db);
 
-        data_forget_dirty(v, 0, 0);
+        data_forget_dirty(v, 0, 0, 0);
         layers_unload(v);
         gc_unlock(&v->gc_fd);
         safe_close(v->lock_fd);
@@ -649,7 +656,10 @@ static int inline_decode(Volume *v, const void *stored, size_t stored_len, bool 
         return 0;
 }
 
-static int inode_from_stmt(Volume *v, sqlite3_stmt *st, uint64_t ino, size_t layer, InodeRow *ret) {
+/* with_content false: a regular file's inline content is neither read nor
+ * decoded, only its length is set (its size), for what stat needs. */
+static int inode_from_stmt(Volume *v, sqlite3_stmt *st, uint64_t ino, size_t layer, bool with_content,
+                           InodeRow *ret) {
         int r;
 
         *ret = (InodeRow) {};
@@ -673,11 +683,16 @@ static int inode_from_stmt(Volume *v, sqlite3_stmt *st, uint64_t ino, size_t lay
         };
         if (sqlite3_column_type(st, 11) == SQLITE_NULL)
                 return 0;
+        if (!with_content && S_ISREG(ret->mode)) {
+                ret->has_data = ret->content_unread = true;
+                ret->data_len = (size_t) ret->size;
+                return 0;
+        }
         return inline_decode(v, sqlite3_column_blob(st, 11), (size_t) sqlite3_column_bytes(st, 11),
                              sqlite3_column_int(st, 12) != 0, (uint64_t) sqlite3_column_int64(st, 13), ret);
 }
 
-int inode_get(Volume *v, uint64_t ino, InodeRow *ret) {
+static int inode_find(Volume *v, uint64_t ino, bool with_content, InodeRow *ret) {
         int r;
 
         if (v->failed)
@@ -691,7 +706,7 @@ int inode_get(Volume *v, uint64_t ino, InodeRow *ret) {
                 sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
                 r = sqlite_step_row(st);
                 if (r > 0) {
-                        r = inode_from_stmt(v, st, ino, i, ret);
+                        r = inode_from_stmt(v, st, ino, i, with_content, ret);
                         sqlite3_reset(st);
                         if (r < 0)
                                 inode_row_clear(ret);
@@ -704,6 +719,14 @@ int inode_get(Volume *v, uint64_t ino, InodeRow *ret) {
         return -ENOENT;
 }
 
+int inode_get(Volume *v, uint64_t ino, InodeRow *ret) {
+        return inode_find(v, ino, true, ret);
+}
+
+int inode_get_attr(Volume *v, uint64_t ino, InodeRow *ret) {
+        return inode_find(v, ino, false, ret);
+}
+
 int inode_put(Volume *v, const InodeRow *row) {
         sqlite3_stmt *st;
         int r;
@@ -711,7 +734,13 @@ int inode_put(Volume *v, const InodeRow *row) {
         r = volume_ensure_top(v);
         if (r < 0)
                 return r;
-        st = v->top.put_inode;
+        if (row->content_unread) {
+                /* Only a row of the top layer can keep its content there. */
+                if (row->layer != 0)
+                        return -EINVAL;
+                st = v->top.put_inode_attrs;
+        } else
+                st = v->top.put_inode;
         sqlite3_bind_int64(st, 1, (sqlite3_int64) row->ino);
         sqlite3_bind_int(st, 2, (int) row->mode);
         sqlite3_bind_int64(st, 3, row->nlink);
@@ -724,6 +753,8 @@ int inode_put(Volume *v, const InodeRow *row) {
         sqlite3_bind_int64(st, 10, row->ctime_ns);
         sqlite3_bind_int64(st, 11, (sqlite3_int64) row->parent);
         sqlite3_bind_int64(st, 12, (sqlite3_int64) row->lower_limit);
+        if (row->content_unread)
+                goto put;
         if (row->has_data) {
                 size_t n = 0;
 
@@ -760,6 +791,8 @@ put:
         sqlite3_clear_bindings(st);
         if (r < 0)
                 return r;
+        if (row->content_unread && sqlite3_changes(v->layers[0].db) != 1)
+                return -EIO; /* the row it was read from is gone */
         volume_mark_changed(v);
         return 0;
 }
@@ -815,13 +848,26 @@ fail:
         return r;
 }
 
+int inode_get_attr_for_write(Volume *v, uint64_t ino, InodeRow *ret) {
+        int r;
+
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        r = inode_get_attr(v, ino, ret);
+        if (r < 0 || ret->layer == 0)
+                return r;
+        inode_row_clear(ret);
+        return inode_get_for_write(v, ino, ret);
+}
+
 int inode_drop(Volume *v, const InodeRow *row) {
         int r;
 
         r = volume_ensure_top(v);
         if (r < 0)
                 return r;
-        data_forget_dirty(v, row->ino, 0);
+        data_forget_dirty(v, row->ino, 0, row->size);
         r = extents_delete_from(v, row->ino, 0);
         if (r < 0)
                 return r;
