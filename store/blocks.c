@@ -212,26 +212,30 @@ static PendingBlock *pending_find(struct Packs *p, const Digest *d) {
 }
 
 static int index_lookup(Store *s, const Digest *d, BlockLocation *ret) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        sqlite3_stmt *st;
         int r;
 
         CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, "SELECT pack, offset, stored_len, raw_len FROM blocks WHERE digest = ?1", &st);
-        if (r < 0)
-                return r;
+        if (!s->find_block) {
+                r = sqlite_prepare(s->catalog, "SELECT pack, offset, stored_len, raw_len FROM blocks WHERE digest = ?1",
+                                   &s->find_block);
+                if (r < 0)
+                        return r;
+        }
+        st = s->find_block;
         sqlite3_bind_blob(st, 1, d->bytes, sizeof d->bytes, SQLITE_STATIC);
         r = sqlite_step_row(st);
+        if (r > 0)
+                *ret = (BlockLocation) {
+                        .pack = (uint64_t) sqlite3_column_int64(st, 0),
+                        .offset = (uint64_t) sqlite3_column_int64(st, 1),
+                        .stored_len = (uint32_t) sqlite3_column_int(st, 2),
+                        .raw_len = (uint32_t) sqlite3_column_int(st, 3),
+                };
+        sqlite3_reset(st);
         if (r < 0)
                 return r;
-        if (r == 0)
-                return -ENOENT;
-        *ret = (BlockLocation) {
-                .pack = (uint64_t) sqlite3_column_int64(st, 0),
-                .offset = (uint64_t) sqlite3_column_int64(st, 1),
-                .stored_len = (uint32_t) sqlite3_column_int(st, 2),
-                .raw_len = (uint32_t) sqlite3_column_int(st, 3),
-        };
-        return 0;
+        return r > 0 ? 0 : -ENOENT;
 }
 
 int block_lookup(Store *s, const Digest *d, BlockLocation *ret) {

@@ -69,6 +69,8 @@ struct Store {
         /* One connection to the catalog, serialized by catalog_lock. */
         pthread_mutex_t catalog_lock;
         sqlite3 *catalog;
+        /* The block index lookup of every cold read, prepared once. */
+        sqlite3_stmt *find_block;
 
         uint8_t secret[STORE_SECRET_SIZE];
         char uuid[37];

@@ -330,6 +330,7 @@ Store *store_close(Store *s) {
         open_stores_remove(s);
         s->packs = packs_free(s->packs);
         s->dicts = dictionaries_free(s->dicts);
+        sqlite3_finalize(s->find_block);
         if (s->catalog)
                 sqlite3_close_v2(s->catalog);
         safe_close(s->locks_fd);
