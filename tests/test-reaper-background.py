@@ -6,10 +6,16 @@ exit: deleting a snapshot folds the origin's layers, and the origin keeps
 every file, also when another reap follows at once. (A reaper that reused
 the state of its parent's database connection lost its commits when the
 parent closed: the origin came back empty.) A mount while the reaper folds
-the origin's layers sees all of it too."""
+the origin's layers sees all of it too. The background reaper gives way to
+the work that goes on meanwhile: it runs niced, at the lowest best-effort I/O
+priority."""
 
+import ctypes
+import fcntl
 import os
+import platform
 import sys
+import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -17,10 +23,13 @@ import cowbox_test as t  # noqa: E402
 from cowbox_test import KiB  # noqa: E402
 
 ROUNDS = 4
+REAPER_NICE = 10
+IOPRIO_CLASS_BE = 2
+REAPER_IO_LEVEL = 7
+SYS_IOPRIO_GET = {'x86_64': 252, 'aarch64': 31}
 
 
-def run():
-    t.require_fuse()
+def test_survives_exit():
     files = {f'f{i}': t.random_bytes(100 * KiB + i, i) for i in range(6)}
     files['small'] = b'small file\n'
     with t.Store('reaper-background') as store:
@@ -40,6 +49,81 @@ def run():
                     t.check_bytes(t.read_file(m.p(name)), content, f'round {round}: {name}')
             store.fsck()
         store.run('scrub')
+
+
+def reaper_pid(store, timeout=10.0):
+    """The pid of the reaper that holds the store's reaper lock."""
+    path = os.path.join(store.path, 'locks', 'reaper.lock')
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(path, 'rb') as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    fcntl.flock(f, fcntl.LOCK_UN)     # nobody reaps yet
+                except BlockingIOError:
+                    text = f.read().strip()
+                    if text:
+                        return int(text)
+        except FileNotFoundError:
+            pass
+        time.sleep(0.01)
+    t.fail(f'no reaper held {path} within {timeout:.0f} s of the delete')
+
+
+def wait_reaper_done(store, timeout=60.0):
+    with open(os.path.join(store.path, 'locks', 'reaper.lock'), 'rb') as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                t.check(time.monotonic() < deadline, f'the reaper still runs {timeout:.0f} s after its rate was lifted')
+                time.sleep(0.05)
+
+
+def io_priority(pid):
+    number = SYS_IOPRIO_GET.get(platform.machine())
+    if number is None:
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    value = libc.syscall(number, 1, pid)      # IOPRIO_WHO_PROCESS
+    t.check(value >= 0, f'ioprio_get of {pid}: {os.strerror(ctypes.get_errno())}')
+    return value >> 13, value & 0x1fff
+
+
+def test_yields():
+    with t.Store('reaper-yields') as store:
+        store.create('doomed')
+        with store.mount('doomed') as m:
+            for i in range(4):
+                t.write_file(m.p(f'f{i}'), t.random_bytes(256 * KiB, 100 + i), fsync=True)
+        # A slow rate keeps the reaper alive long enough to look at it.
+        store.run('reap', '--rate', '4K')
+        store.run('subvolume', 'delete', 'doomed')
+        pid = reaper_pid(store)
+        try:
+            with open(f'/proc/{pid}/stat') as f:
+                fields = f.read().rsplit(')', 1)[1].split()
+            t.check_equal(int(fields[16]), REAPER_NICE, 'nice value of the background reaper')
+            prio = io_priority(pid)
+            if prio is None:
+                print(f'I/O priority not checked: no ioprio_get number known for {platform.machine()}', flush=True)
+            else:
+                t.check_equal(prio, (IOPRIO_CLASS_BE, REAPER_IO_LEVEL), 'I/O class and level of the background reaper')
+        finally:
+            store.run('reap', '--rate', 'none')
+            wait_reaper_done(store)
+        t.check_equal(store.usage()['reclaimable_bytes'], 0, 'bytes left to reclaim once the reaper is done')
+
+
+def run():
+    t.require_fuse()
+    sub = t.Subtests()
+    sub.run('survives the exit of its parent', test_survives_exit)
+    sub.run('yields to foreground work', test_yields)
+    sub.check()
 
 
 t.main(run)

@@ -7,7 +7,6 @@ at a time, and space accounting that the reaper makes good."""
 
 import errno
 import os
-import stat
 import subprocess
 import sys
 import threading
@@ -241,6 +240,23 @@ def test_snapshot_of_unflushed(store):
                           f'{name}, still open and never fsync\'d, in a snapshot')
 
 
+def test_snapshot_of_hidden_mount(store):
+    """When the server cannot reach its own mount (another file system was
+    mounted over it), the snapshot goes on with what reached the server:
+    everything fsync'd is in it."""
+    store.create('hidden')
+    with store.mount('hidden') as m:
+        t.write_file(J(m.path, 'synced'), t.random_bytes(70000, 31), fsync=True)
+        t.run_command(['mount', '-t', 'tmpfs', '-o', 'size=1M', 'cover', m.path])
+        try:
+            store.snapshot('hidden', 'hidden-snap')
+        finally:
+            t.run_command(['umount', m.path])
+    with store.mount('hidden-snap', readonly=True) as s:
+        t.check_bytes(t.read_file(J(s.path, 'synced')), t.random_bytes(70000, 31),
+                      'a fsync\'d file in a snapshot taken while the mount was covered')
+
+
 def test_single_writer(store):
     """A subvolume mounted writable cannot be mounted writable again nor
     deleted; both refusals name the process that holds it."""
@@ -315,6 +331,7 @@ def run():
         sub.run('delete while a snapshot shares blocks', test_delete_shared, store, manifests)
         sub.run('snapshot while mounted and written', test_live_snapshot, store)
         sub.run('snapshot of what the page cache holds', test_snapshot_of_unflushed, store)
+        sub.run('snapshot while the mount is covered', test_snapshot_of_hidden_mount, store)
         sub.run('one writable mount, delete refused while mounted', test_single_writer, store)
         sub.run('space accounting and reap', test_space, store)
         sub.check()
