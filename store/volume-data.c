@@ -144,7 +144,6 @@ static bool is_zero(const uint8_t *p, size_t n) {
         return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
 }
 
-
 /* Stores a batch of dirty blocks. Those that are stored, zero, or past
  * their file's end leave memory; those of unlinked inodes, and those that
  * do not fit on the disk, stay. */
@@ -268,7 +267,7 @@ static int flush_ahead_pick(Volume *v, AheadBlock *picked, uint8_t *data, size_t
                         if (b->ino != size_ino) {
                                 _cleanup_(inode_row_clear) InodeRow row = {};
 
-                                r = inode_get(v, b->ino, &row);
+                                r = inode_get_attr(v, b->ino, &row);
                                 if (r == -ENOENT)
                                         continue;
                                 if (r < 0)

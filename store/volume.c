@@ -820,17 +820,23 @@ static int xattrs_copy_up(Volume *v, uint64_t ino, size_t from_layer) {
         return r;
 }
 
-int inode_get_for_write(Volume *v, uint64_t ino, InodeRow *ret) {
+/* The row, copied up into the top layer first if it is below: whole, with
+ * its content, even where only the attributes were asked for. */
+static int inode_find_for_write(Volume *v, uint64_t ino, bool with_content, InodeRow *ret) {
         int r;
 
         r = volume_ensure_top(v);
         if (r < 0)
                 return r;
-        r = inode_get(v, ino, ret);
-        if (r < 0)
+        r = inode_find(v, ino, with_content, ret);
+        if (r < 0 || ret->layer == 0)
                 return r;
-        if (ret->layer == 0)
-                return 0;
+        if (ret->content_unread) {
+                inode_row_clear(ret);
+                r = inode_find(v, ino, true, ret);
+                if (r < 0)
+                        return r;
+        }
 
         /* Copy-up: the top layer gets the whole row and the xattrs; the file
          * contents stay below, visible up to lower_limit. */
@@ -848,17 +854,12 @@ fail:
         return r;
 }
 
-int inode_get_attr_for_write(Volume *v, uint64_t ino, InodeRow *ret) {
-        int r;
+int inode_get_for_write(Volume *v, uint64_t ino, InodeRow *ret) {
+        return inode_find_for_write(v, ino, true, ret);
+}
 
-        r = volume_ensure_top(v);
-        if (r < 0)
-                return r;
-        r = inode_get_attr(v, ino, ret);
-        if (r < 0 || ret->layer == 0)
-                return r;
-        inode_row_clear(ret);
-        return inode_get_for_write(v, ino, ret);
+int inode_get_attr_for_write(Volume *v, uint64_t ino, InodeRow *ret) {
+        return inode_find_for_write(v, ino, false, ret);
 }
 
 int inode_drop(Volume *v, const InodeRow *row) {
