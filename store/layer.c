@@ -24,6 +24,10 @@
  * compressed if data_zstd) or a symlink's target, with data_check, the
  * XXH3-64 of the stored bytes; row_check is each row's check (see
  * store-internal.h). */
+/* Inodes without a name, kept while the kernel still used them: found at
+ * every writable open without reading every row. */
+#define ORPHANS_INDEX "CREATE INDEX IF NOT EXISTS orphans ON inodes(ino) WHERE nlink = 0;"
+
 static const char layer_schema[] =
         "CREATE TABLE info(key TEXT PRIMARY KEY, value INTEGER NOT NULL, row_check INTEGER NOT NULL) WITHOUT ROWID;"
         "CREATE TABLE inodes("
@@ -67,7 +71,8 @@ static const char layer_schema[] =
         "  digest BLOB PRIMARY KEY,"
         "  refs INTEGER NOT NULL,"
         "  stored_len INTEGER NOT NULL,"
-        "  row_check INTEGER NOT NULL) WITHOUT ROWID;";
+        "  row_check INTEGER NOT NULL) WITHOUT ROWID;"
+        ORPHANS_INDEX;
 
 /* The tables with row checks, each with the check of its rows. */
 static const struct {
@@ -365,6 +370,8 @@ int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret) {
                 r = layer_connect(path, SQLITE_OPEN_READWRITE, true, &db);
                 if (r >= 0)
                         r = add_row_checks(db);
+                if (r >= 0)
+                        r = sqlite_exec(db, ORPHANS_INDEX); /* layers made before it had none */
                 if (r < 0)
                         return r;
                 *ret = TAKE_PTR(db);
