@@ -206,11 +206,22 @@ def test_missing_inodes():
 
 
 def drop_row_checks(store, layer):
+    """As a layer of a version before row checks and the orphans index."""
     db = layer_db(store, layer)
+    db.execute('DROP INDEX orphans')
     for table in TABLES:
         db.execute(f'ALTER TABLE {table} DROP COLUMN row_check')
     db.commit()
     db.close()
+
+
+def orphans_indexed(store, layer):
+    """Whether the search for inodes without a name, done at every writable
+    open, uses an index instead of reading every inode."""
+    db = layer_db(store, layer)
+    plan = ' '.join(str(row[-1]) for row in db.execute('EXPLAIN QUERY PLAN SELECT ino FROM inodes WHERE nlink = 0'))
+    db.close()
+    return 'USING INDEX orphans' in plan or 'USING COVERING INDEX orphans' in plan
 
 
 def has_row_checks(store, layer):
@@ -233,6 +244,7 @@ def test_layers_without_checks():
         with store.mount('old') as m:
             populate(m)
         layer = store.show('old')['top_layer']
+        t.check(orphans_indexed(store, layer), 'a new layer has no index of its orphans')
         drop_row_checks(store, layer)
 
         # Read as it is, frozen under a snapshot.
@@ -253,6 +265,7 @@ def test_layers_without_checks():
             t.write_file(m.p('listing', 'new'), b'new', fsync=True)
             t.fsync_dir(m.p('listing'))
         t.check(has_row_checks(store, live_layer), 'the writable layer got no checks')
+        t.check(orphans_indexed(store, live_layer), 'the writable layer got no index of its orphans')
         with store.mount('live', readonly=True) as m:
             check_files(m, 'layer given checks', extra=['new'])
         store.run('scrub')
