@@ -396,14 +396,11 @@ static void *committer_main(void *userdata) {
                 if (v->flush_ahead_retry_usec != 0)
                         until = MIN(until, v->flush_ahead_retry_usec);
 
-                struct timespec deadline;
-                uint64_t wait = until - now;
-
-                clock_gettime(CLOCK_REALTIME, &deadline);
-                deadline.tv_sec += (time_t) (wait / 1000000u);
-                deadline.tv_nsec += (long) (wait % 1000000u) * 1000;
-                deadline.tv_sec += deadline.tv_nsec / 1000000000;
-                deadline.tv_nsec %= 1000000000;
+                /* v->wake waits on CLOCK_MONOTONIC, the clock of until. */
+                struct timespec deadline = {
+                        .tv_sec = (time_t) (until / 1000000u),
+                        .tv_nsec = (long) (until % 1000000u) * 1000,
+                };
                 (void) pthread_cond_timedwait(&v->wake, &v->lock, &deadline);
         }
         pthread_mutex_unlock(&v->lock);
@@ -467,7 +464,14 @@ int volume_open(Store *s, const char *name, bool writable, Volume **ret, pid_t *
         v->lock_fd = v->gc_fd = -EBADF;
         v->flush_ahead_at = FLUSH_AHEAD_BLOCKS;
         pthread_mutex_init(&v->lock, NULL);
-        pthread_cond_init(&v->wake, NULL);
+        {
+                pthread_condattr_t attr;
+
+                pthread_condattr_init(&attr);
+                pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+                pthread_cond_init(&v->wake, &attr);
+                pthread_condattr_destroy(&attr);
+        }
         v->name = strdup(name);
         v->cctx = ZSTD_createCCtx();
         v->dctx = ZSTD_createDCtx();
