@@ -717,6 +717,21 @@ def on_signal(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def missing_requirement(prog, why_root, programs=(("fusermount3", "fuse3"),)):
+    """Why a benchmark cannot run here, or None: it needs /dev/fuse, root
+    (why_root says what for) and the programs, each with its Debian
+    package."""
+    if not os.path.exists("/dev/fuse"):
+        return ("/dev/fuse is missing, so no FUSE mount can be made here "
+                "(load the fuse module, or give the container the device)")
+    if os.geteuid() != 0:
+        return f"this benchmark {why_root}, and must run as root: sudo bench/{prog} --tool build/cli/cowbox-store"
+    for name, package in programs:
+        if not shutil.which(name):
+            return f"{name} is missing (Debian package {package})"
+    return None
+
+
 def bench_main(prog, args, body):
     """What every benchmark's main does around its work: finds the tool
     (--tool) and the place for the scratch directory (--dir), turns SIGTERM
