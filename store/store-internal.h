@@ -185,8 +185,10 @@ typedef enum LayerOpenMode {
 /* -ENOENT if the layer has no database (it is empty). */
 int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret);
 int layer_exists(Store *s, uint64_t id);
-/* Checkpoints the WAL and switches to a rollback journal, so that the frozen
- * layer can be opened immutable by anyone. */
+/* Makes the layer's file complete, so that once frozen it can be opened
+ * immutable by anyone: a WAL with frames left (by a crash, or a connection
+ * still open) is checkpointed and the layer switched to a rollback journal;
+ * without one there is nothing to do. */
 int layer_seal(Store *s, uint64_t id);
 int layer_read_counters(sqlite3 *db, LayerCounters *ret);
 int layer_write_counters(sqlite3 *db, const LayerCounters *c);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """fsync means durable: data fsync'd before the FUSE server is killed with
-SIGKILL is all there after a remount, the store opens and fsck finds it
-clean, and data not fsync'd is either there or not, never garbage.
+SIGKILL is all there after a remount and in a snapshot taken before it, the
+store opens and fsck finds it clean, and data not fsync'd is either there or
+not, never garbage.
 
   COWBOX_CRASH_CYCLES=N    kill-and-remount cycles (default 4)
 """
@@ -90,7 +91,8 @@ def cycle_writes(m, cycle, durable, maybe):
 
 
 def crash(store, m, cycle, busy):
-    """Kills the server while (if busy) a thread keeps writing."""
+    """Kills the server while (if busy) a thread keeps writing, then takes
+    read-only snapshot after-crash-CYCLE of the subvolume."""
     info = store.show('crash')
     t.check_equal(info['mounted_by'], m.pid, 'mounted_by names the server')
     stop = threading.Event()
@@ -116,6 +118,10 @@ def crash(store, m, cycle, busy):
         th.join()
         t.check(all(e in (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO, errno.ENOENT) for e in errors),
                 f'writes to a dead mount failed with {[t.errno_name(e) for e in errors]}')
+    # First, before anything else opens the top layer: the dead server's
+    # last commits are in its WAL, which the snapshot must fold into the
+    # layer it freezes.
+    store.snapshot('crash', f'after-crash-{cycle}', readonly=True)
     t.check_equal(store.show('crash')['mounted_by'], 0, 'mounted_by after the server was killed')
 
 
@@ -153,6 +159,8 @@ def run():
                 if m.mounted:
                     m.unmount(force=True)
                 raise
+            with store.mount(f'after-crash-{cycle}', readonly=True) as sm:
+                verify(sm, durable, maybe)
             if cycle == cycles - 1:
                 # Straight after a crash, fsck may need to repair (a stale
                 # lock, the orphan), and then finds nothing more.
