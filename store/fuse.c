@@ -1151,7 +1151,7 @@ static int session_loop(struct fuse_session *se, unsigned max_threads) {
 /* The kernel starts a FUSE mount's read-ahead at its 128 KiB default, which
  * INIT can only lower: the mount's backing device in sysfs raises it. Large
  * files are then read as several READs at once, and several threads
- * decompress their blocks in parallel (a third faster here). Root only;
+ * decompress their blocks in parallel (1.4 times as fast here). Root only;
  * elsewhere the default stays. Nobody serves the mount yet: the statx must
  * not ask us, and with AT_STATX_DONT_SYNC it does not. */
 static void raise_read_ahead(const char *mountpoint) {

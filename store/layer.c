@@ -439,8 +439,8 @@ int layer_seal(Store *s, uint64_t id) {
         r = layer_path(s, id, &path);
         if (r < 0)
                 return r;
-        /* Opened in whatever mode it is in: a WAL left by a crash (or by a
-         * reader still connected) is recovered or checkpointed first. */
+        /* Opened in whatever mode it is in: a WAL left by a crash, or kept
+         * by another connection still open, is checkpointed first. */
         r = sqlite_open(path, SQLITE_OPEN_READWRITE, false, &db);
         if (r < 0)
                 return r;

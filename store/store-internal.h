@@ -186,9 +186,9 @@ typedef enum LayerOpenMode {
 int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret);
 int layer_exists(Store *s, uint64_t id);
 /* Makes the layer's file complete, so that once frozen it can be opened
- * immutable by anyone: a WAL with frames left (by a crash, or a connection
- * still open) is checkpointed and the layer switched to a rollback journal;
- * without one there is nothing to do. */
+ * immutable by anyone: a WAL left with frames (by a crash, or kept by a
+ * connection still open) is checkpointed and the layer switched to a
+ * rollback journal; without one there is nothing to do. */
 int layer_seal(Store *s, uint64_t id);
 int layer_read_counters(sqlite3 *db, LayerCounters *ret);
 int layer_write_counters(sqlite3 *db, const LayerCounters *c);
