@@ -3,7 +3,8 @@
 """Snapshots as their users rely on them: isolated both ways, read-only ones
 refuse writes, snapshots of snapshots, deleting a subvolume whose blocks a
 snapshot shares, snapshots of a subvolume being written, one writable mount
-at a time, and space accounting that the reaper makes good."""
+at a time, allocated blocks of files over a snapshot's, and space
+accounting that the reaper makes good."""
 
 import errno
 import os
@@ -276,6 +277,32 @@ def test_single_writer(store):
     store.delete('held')
 
 
+def test_blocks_through_layers(store):
+    """A file cut short and extended again over a snapshot's blocks counts
+    only what it still shows (st_blocks, as du adds it up), and the
+    snapshot still counts all of its own."""
+    block = 64 * KiB
+    store.create('layered')
+    with store.mount('layered') as m:
+        t.write_file(J(m.path, 'f'), t.random_bytes(4 * block, 40), fsync=True)
+    store.snapshot('layered', 'layered-snap')
+    with store.mount('layered') as m:
+        p = J(m.path, 'f')
+        os.truncate(p, block)
+        os.truncate(p, 4 * block)
+        t.check_bytes(t.read_file(p), t.random_bytes(4 * block, 40)[:block] + bytes(3 * block),
+                      'cut short and extended over a snapshot')
+        used = os.stat(p).st_blocks * 512
+        t.check(block <= used <= block + 8 * KiB,
+                f'st_blocks of a file cut to one block over a snapshot of four: {used} bytes')
+    with store.mount('layered') as m:
+        used = os.stat(J(m.path, 'f')).st_blocks * 512
+        t.check(block <= used <= block + 8 * KiB, f'the same after a remount: {used} bytes')
+    with store.mount('layered-snap', readonly=True) as s:
+        used = os.stat(J(s.path, 'f')).st_blocks * 512
+        t.check(4 * block <= used <= 4 * block + 8 * KiB, f'st_blocks of the snapshot\'s file: {used} bytes')
+
+
 def test_space(store):
     """Exclusive and referenced bytes as snapshots come and go, reclaimable
     bytes after delete, and the space back on disk after reap --wait."""
@@ -333,6 +360,7 @@ def run():
         sub.run('snapshot of what the page cache holds', test_snapshot_of_unflushed, store)
         sub.run('snapshot while the mount is covered', test_snapshot_of_hidden_mount, store)
         sub.run('one writable mount, delete refused while mounted', test_single_writer, store)
+        sub.run('allocated blocks through layers', test_blocks_through_layers, store)
         sub.run('space accounting and reap', test_space, store)
         sub.check()
 
