@@ -1144,8 +1144,11 @@ static int session_loop(struct fuse_session *se, unsigned max_threads) {
         fuse_loop_cfg_set_max_threads(config, max_threads > 0 ? max_threads : default_threads());
         r = fuse_session_loop_mt(se, config);
         fuse_loop_cfg_destroy(config);
-        /* Positive: the signal that asked us to stop. */
-        return r > 0 ? 0 : r;
+        /* Positive: the signal that asked us to stop. Negative: the session
+         * failed, and libfuse said why on stderr; its errno is not ours
+         * (-EPROTO from an INIT the kernel refused would read as a store
+         * of a newer format). */
+        return r < 0 ? -EIO : 0;
 }
 
 /* The kernel starts a FUSE mount's read-ahead at its 128 KiB default, which
