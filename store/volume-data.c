@@ -18,6 +18,10 @@
 #include "time-util.h"
 #include "volume-internal.h"
 
+/* A file of up to this many blocks has its dirty blocks looked up one by
+ * one; past it, a walk through every bucket costs less. */
+#define DIRTY_LOOKUP_BLOCKS (DIRTY_BUCKETS / 64)
+
 static size_t dirty_bucket(uint64_t ino, uint64_t idx) {
         return (size_t) ((ino * 0x9E3779B97F4A7C15ull) ^ idx) % DIRTY_BUCKETS;
 }
@@ -65,7 +69,7 @@ void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx, uint64_t siz
 
         if (v->n_dirty == 0)
                 return;
-        if (ino != 0 && end_idx <= first_idx + DIRTY_BUCKETS / 64) {
+        if (ino != 0 && end_idx <= first_idx + DIRTY_LOOKUP_BLOCKS) {
                 for (uint64_t idx = first_idx; idx < end_idx; idx++)
                         data_forget_dirty_one(v, ino, idx);
                 return;
@@ -754,7 +758,7 @@ uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
 #define MARK(i) (seen[(i) / 8] |= (uint8_t) (1u << ((i) % 8)))
         /* A small file's blocks are looked up; a large one's found among
          * all dirty blocks. */
-        if (n_blocks <= DIRTY_BUCKETS / 64) {
+        if (n_blocks <= DIRTY_LOOKUP_BLOCKS) {
                 for (uint64_t idx = 0; v->n_dirty > 0 && idx < n_blocks; idx++)
                         if (dirty_find(v, row->ino, idx)) {
                                 MARK(idx);
