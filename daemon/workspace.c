@@ -204,14 +204,14 @@ bool workspace_is_mounted(const Workspace *ws) {
 
 /* The server: a process of its own (its own session, none of the daemon's
  * file descriptors), so that it outlives a restart of the daemon and the
- * developer's editors never notice one. It writes through: a developer's
- * write() itself reports the limit (EDQUOT) or a full disk (ENOSPC), and
- * what an editor saw written is what is stored. */
+ * developer's editors never notice one. Like every mount of the store, it
+ * writes through: a developer's write() itself reports the limit (EDQUOT)
+ * or a full disk (ENOSPC), and what an editor saw written is what is
+ * stored. */
 _noreturn_
 static void mount_server(const Workspace *ws, const char *store_path, const char *subvolume, int ready_fd) {
         StoreMountOptions opts = {
                 .ready_fd = 3,
-                .write_through = true,
                 .map_root = ws->owner != 0,
                 .root_uid = ws->owner,
                 .root_gid = ws->group,

@@ -9,9 +9,7 @@
  * entries, attributes and negative entries live for an hour, file pages
  * survive close and reopen, directory listings are cached (the kernel drops
  * a cached listing when it creates, removes or renames in the directory
- * itself), and a writable volume runs with the writeback cache (the kernel
- * keeps size and times and sends them with setattr) unless it has a size
- * limit or was asked to write through. Every change the kernel does not see
+ * itself). Every change the kernel does not see
  * coming goes through a reply that carries the new attributes; for unlink,
  * rmdir and rename the kernel updates its own dentries and attributes.
  * Should a volume ever not be the sole writer, timeouts drop to a second
@@ -22,9 +20,20 @@
  * the first OPEN is answered ENOSYS, after which the kernel opens files on
  * its own, keeping their pages (and sends no RELEASE); a read-only volume is
  * mounted read-only, so the kernel refuses opens for writing itself. There
- * is no FLUSH handler either: nothing is buffered per open file, the kernel
- * writes dirty pages back before close() returns, and durability is
- * fsync's.
+ * is no FLUSH handler either: nothing is buffered per open file, and
+ * durability is fsync's.
+ *
+ * Writes. Every write() reaches this process before it returns: no
+ * writeback cache. So a full disk or the size limit fails the write()
+ * itself, a snapshot holds every write() that returned, and the kernel
+ * keeps a file's attributes after close. With the writeback cache it
+ * forgets the file's block count at every close (a GETATTR at the next
+ * stat: repeated warm reads took 3.5 times as long), and the errors of its
+ * writeback come back as EIO at a close() few check. Only shared mappings
+ * leave dirty pages in the kernel: a snapshot has the kernel write them
+ * back first, which gets them there when it can (this kernel's syncfs()
+ * starts a FUSE file system's writeback but does not wait for it; msync()
+ * does).
  *
  * Lookup counts. Every entry the kernel receives (lookup, mknod, mkdir,
  * symlink, link, create, and each readdirplus entry but "." and "..") is
@@ -107,7 +116,6 @@ typedef struct Server {
 
         /* Settings, fixed before the session starts. */
         bool writable;
-        bool writeback_cache;
         double entry_timeout;
         double attr_timeout;
         double negative_timeout; /* 0: ENOENT is not cached */
@@ -310,19 +318,16 @@ static void op_init(void *userdata, struct fuse_conn_info *conn) {
         Server *srv = userdata;
         unsigned on = FUSE_CAP_READDIRPLUS | FUSE_CAP_ASYNC_READ | FUSE_CAP_PARALLEL_DIROPS |
                 FUSE_CAP_CACHE_SYMLINKS;
-        /* Off: listing without attributes now and then (READDIRPLUS_AUTO);
+        /* Off: the writeback cache (see Writes above); listing without
+         * attributes now and then (READDIRPLUS_AUTO);
          * splice; the server clearing setuid bits (without HANDLE_KILLPRIV
          * the kernel sends the mode change as a setattr); O_TRUNC in open
          * (without ATOMIC_O_TRUNC the kernel truncates through setattr
          * first, and strips O_TRUNC from the open). */
-        unsigned off = FUSE_CAP_READDIRPLUS_AUTO | FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE |
+        unsigned off = FUSE_CAP_WRITEBACK_CACHE | FUSE_CAP_READDIRPLUS_AUTO | FUSE_CAP_SPLICE_READ | FUSE_CAP_SPLICE_WRITE |
                 FUSE_CAP_SPLICE_MOVE | FUSE_CAP_HANDLE_KILLPRIV | FUSE_CAP_ATOMIC_O_TRUNC |
                 FUSE_CAP_EXPORT_SUPPORT | FUSE_CAP_POSIX_ACL | FUSE_CAP_DONT_MASK;
 
-        if (srv->writeback_cache)
-                on |= FUSE_CAP_WRITEBACK_CACHE;
-        else
-                off |= FUSE_CAP_WRITEBACK_CACHE;
         /* The sole writer's pages never change behind the kernel's back:
          * files may be opened without asking, their pages kept. */
         if (srv->keep_cache) {
@@ -337,9 +342,6 @@ static void op_init(void *userdata, struct fuse_conn_info *conn) {
         srv->no_open = conn->want & FUSE_CAP_NO_OPEN_SUPPORT;
         srv->no_opendir = conn->want & FUSE_CAP_NO_OPENDIR_SUPPORT;
 
-        /* With the writeback cache the kernel keeps mtime and ctime of
-         * written files and sends them with setattr: ours would be later. */
-        volume_set_kernel_times(srv->volume, conn->want & FUSE_CAP_WRITEBACK_CACHE);
         conn->max_write = MIN(conn->max_write, IO_SIZE_MAX); /* libfuse caps it to its buffer */
         conn->max_readahead = READ_AHEAD_BYTES;              /* the kernel keeps the smaller of its own and ours */
         conn->time_gran = 1;                                 /* the volume keeps nanoseconds */
@@ -469,8 +471,6 @@ static unsigned setattr_valid(int to_set) {
         return valid;
 }
 
-/* With the writeback cache, size and times written through the page cache
- * arrive here too. */
 static int do_setattr(Server *srv, fuse_ino_t ino, const struct stat *attr, int to_set, struct stat *ret) {
         unsigned valid = setattr_valid(to_set);
 
@@ -528,8 +528,8 @@ static int do_open(Server *srv, fuse_ino_t ino, struct fuse_file_info *fi) {
         if ((fi->flags & O_ACCMODE) != O_RDONLY && !srv->writable)
                 return -EROFS;
 
-        /* With the writeback cache the kernel reads pages of files opened
-         * O_WRONLY and computes O_APPEND offsets itself. Holding no file
+        /* The kernel computes O_APPEND offsets from the size it keeps,
+         * which is ours: this process is the sole writer. Holding no file
          * descriptor, we need not turn O_WRONLY into O_RDWR nor drop
          * O_APPEND: read always works, and write takes the offset given. */
         fi->keep_cache = srv->keep_cache;
@@ -1018,8 +1018,8 @@ static int server_open(Server *srv, Store *s, const char *name, bool readonly, p
         return 0;
 }
 
-/* Before a snapshot another process asked for: the kernel's dirty pages
- * and times come to us as writes. The mount's root is opened by path, so
+/* Before a snapshot another process asked for: the dirty pages of shared
+ * mappings come to us as writes. The mount's root is opened by path, so
  * it must still be ours: a FUSE file system whose root has our root's
  * inode number. The descriptor is not kept, or unmounting would fail. A
  * mount we cannot reach any more (moved, covered, detached) is not held
@@ -1187,11 +1187,6 @@ static int serve(Store *s, const char *name, const char *mountpoint, const Store
         r = server_open(&srv, s, name, opts->readonly, ret_holder);
         if (r < 0)
                 return r;
-        /* Writeback cache only where every write comes through us, and
-         * where a write may fail no sooner than at fsync: the kernel turns
-         * an error of its asynchronous writeback into EIO at close(), and
-         * the page cache keeps showing data that was never stored. */
-        srv.writeback_cache = srv.writable && !opts->write_through && volume_quota_bytes(srv.volume) == 0;
         srv.map_root = opts->map_root;
         srv.root_uid = opts->root_uid;
         srv.root_gid = opts->root_gid;
@@ -1213,7 +1208,7 @@ static int serve(Store *s, const char *name, const char *mountpoint, const Store
 
         srv.mountpoint = mountpoint;
         raise_read_ahead(mountpoint);
-        if (srv.writeback_cache)
+        if (srv.writable)
                 volume_set_write_back(srv.volume, server_write_back, &srv);
         mount_ready(opts->ready_fd, notify_fd);
         r = session_loop(se, opts->max_threads);

@@ -225,12 +225,6 @@ typedef struct StoreMountOptions {
         unsigned max_threads;   /* 0: default */
         int ready_fd;           /* if >= 0: written "1\n" and closed once mounted */
 
-        /* Every write goes to the server before write() returns (no
-         * writeback cache), so that a full disk or the limit fails the
-         * write() itself, not a later close() with EIO. Always so for a
-         * subvolume that has a quota when it is mounted. */
-        bool write_through;
-
         /* Files owned by root (uid or gid 0) appear owned by root_uid and
          * root_gid: a developer's workspace of an image that root made is
          * theirs to change, without a copy of any inode. */
@@ -279,14 +273,9 @@ bool volume_is_writable(const Volume *v);
  * are safe. */
 bool volume_is_sole_writer(const Volume *v);
 
-/* The subvolume's size limit in logical bytes, 0 if none. */
-uint64_t volume_quota_bytes(const Volume *v);
-
-/* Whether the kernel keeps the times of written files (FUSE writeback
- * cache): then write and fallocate leave mtime and ctime alone. */
-void volume_set_kernel_times(Volume *v, bool kernel_times);
 /* What a snapshot asked for by another process calls first, without the
- * volume's lock, to write back what the kernel holds of the volume. */
+ * volume's lock, to write back what the kernel holds of the volume (the
+ * dirty pages of shared mappings). */
 void volume_set_write_back(Volume *v, int (*write_back)(void *userdata), void *userdata);
 
 int volume_lookup(Volume *v, uint64_t parent, const char *name, struct stat *ret);

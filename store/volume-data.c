@@ -605,8 +605,7 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
         }
 
         row.size = MAX(row.size, end);
-        if (!v->kernel_times)
-                row.mtime_ns = row.ctime_ns = timestamp_now();
+        row.mtime_ns = row.ctime_ns = timestamp_now();
         r = inode_put(v, &row);
         if (r < 0)
                 return r;
@@ -736,8 +735,7 @@ int volume_fallocate(Volume *v, uint64_t ino, int mode, uint64_t offset, uint64_
                 if (r < 0)
                         return r;
         }
-        if (!v->kernel_times)
-                row.mtime_ns = row.ctime_ns = timestamp_now();
+        row.mtime_ns = row.ctime_ns = timestamp_now();
         return inode_put(v, &row);
 }
 
@@ -876,8 +874,7 @@ static int clone_share_block(Volume *dst, uint64_t ino, uint64_t idx, uint64_t l
                 return r;
 
         row.size = MAX(row.size, end);
-        if (!dst->kernel_times)
-                row.mtime_ns = row.ctime_ns = timestamp_now();
+        row.mtime_ns = row.ctime_ns = timestamp_now();
         r = inode_put(dst, &row);
         if (r < 0)
                 return r;

@@ -75,7 +75,6 @@ struct Volume {
         char *name;
         uint64_t subvolume_id;
         bool writable;
-        bool kernel_times;
 
         pthread_mutex_t lock;
 

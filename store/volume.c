@@ -554,17 +554,8 @@ bool volume_is_writable(const Volume *v) {
         return v->writable;
 }
 
-void volume_set_kernel_times(Volume *v, bool kernel_times) {
-        MUTEX_LOCKED(&v->lock);
-        v->kernel_times = kernel_times;
-}
-
 bool volume_is_sole_writer(const Volume *v) {
         return true;
-}
-
-uint64_t volume_quota_bytes(const Volume *v) {
-        return v->quota_bytes;
 }
 
 const char *volume_name(const Volume *v) {

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """A full disk: the store lives on a small ext4 file system on a loop file.
 Several writers fill it through the mount until writes or fsyncs fail with
-ENOSPC; everything fsync'd before reads back intact, also after a remount;
+ENOSPC; a write() on the full disk fails itself, not a later close();
+everything fsync'd before reads back intact, also after a remount;
 unlinking and deleting work on the full disk; after a reap the space is back
 and writing works again, with no repair; fsck finds the store consistent."""
 
@@ -114,6 +115,17 @@ def run():
             verify(m.path, synced, 'fsync\'d data on the full disk')
             t.expect_errno([errno.ENOSPC], t.write_file, m.p('one-more'), t.random_bytes(4 * MiB, 1),
                            fsync=True, what='a write on the full disk')
+            # Every write() reaches the server before it returns: the full
+            # disk fails the write() itself, never a later close() that few
+            # check, and the file keeps what it held.
+            name = min(synced)
+            fd = os.open(m.p(name), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            try:
+                t.expect_errno([errno.ENOSPC], os.write, fd, t.random_bytes(4 * MiB, 3),
+                               what='write() without fsync on the full disk')
+            finally:
+                os.close(fd)
+            verify(m.path, {name: synced[name]}, 'a file after a write() on the full disk failed')
             # Unlinking works on the full disk; its space comes back once
             # reaped, while the subvolume stays mounted.
             for name in synced:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """A subvolume's quota: writes that would pass the limit fail with EDQUOT
-at write() (a limited subvolume is mounted without the writeback cache, so
-no error waits for close() to turn into EIO), what write() accepted is what
+at write() (every write() reaches the server before it returns, so no
+error waits for close() to turn into EIO), what write() accepted is what
 is stored, everything written and fsync'd before stays intact, removing files makes room, a raised limit
 applies to the mounted subvolume within seconds, and snapshots keep the
 limit of their source."""

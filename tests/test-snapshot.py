@@ -218,12 +218,11 @@ for fd in fds:
 
 
 def test_snapshot_of_unflushed(store):
-    """Like btrfs, a snapshot holds what was written before it, also what
-    the kernel's page cache still holds: files still open and never
-    fsync'd, small enough that the kernel has not begun to write them
-    back."""
+    """Like btrfs, a snapshot holds every write() that returned before it,
+    also to files still open and never fsync'd, small and large."""
     store.create('unflushed')
     files = {f'open-{i}': (500 + 331 * i, 20 + i) for i in range(12)}
+    files.update({'large-1': (MiB + 123, 40), 'large-2': (4 * MiB, 41)})
     with store.mount('unflushed') as m:
         writer = subprocess.Popen([sys.executable, '-c', UNFLUSHED_WRITER, m.path] +
                                   [f'{name}={size}:{seed}' for name, (size, seed) in files.items()],
