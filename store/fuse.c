@@ -1310,6 +1310,7 @@ static int check_mountpoint(const char *path) {
  * the caller if the mount fails. */
 int store_mount(Store *s, const char *name, const char *mountpoint,
                 const StoreMountOptions *opts, pid_t *ret_holder) {
+        _cleanup_free_ char *path = NULL;
         int notify_fd = -EBADF;
         int r;
 
@@ -1320,8 +1321,13 @@ int store_mount(Store *s, const char *name, const char *mountpoint,
         r = check_mountpoint(mountpoint);
         if (r < 0)
                 return r;
+        /* The server opens its mount again before each snapshot, when a
+         * background server has long left the caller's directory. */
+        path = realpath(mountpoint, NULL);
+        if (!path)
+                return -errno;
 
         if (opts->background)
-                return mount_in_background(s, name, mountpoint, opts, ret_holder);
-        return serve(s, name, mountpoint, opts, &notify_fd, ret_holder);
+                return mount_in_background(s, name, path, opts, ret_holder);
+        return serve(s, name, path, opts, &notify_fd, ret_holder);
 }
