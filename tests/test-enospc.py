@@ -62,7 +62,9 @@ class Writer(threading.Thread):
                 seed = self.index * 100000 + n
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 try:
-                    os.write(fd, t.random_bytes(size, seed))
+                    _, error = write_all(fd, t.random_bytes(size, seed))
+                    if error:
+                        raise error
                     os.fsync(fd)
                 finally:
                     try:
@@ -76,6 +78,21 @@ class Writer(threading.Thread):
                 self.error = e.errno
             else:
                 self.unexpected = e
+
+
+def write_all(fd, data):
+    """Writes data as programs do, again after a short write, until all of
+    it is written or a write() fails; returns the bytes accepted and the
+    OSError or None. (A write() larger than the server's largest WRITE is
+    cut in several: it returns short when a later part finds the disk
+    full.)"""
+    accepted = 0
+    try:
+        while accepted < len(data):
+            accepted += os.write(fd, data[accepted:])
+    except OSError as e:
+        return accepted, e
+    return accepted, None
 
 
 def fill(root):
@@ -116,16 +133,24 @@ def run():
             t.expect_errno([errno.ENOSPC], t.write_file, m.p('one-more'), t.random_bytes(4 * MiB, 1),
                            fsync=True, what='a write on the full disk')
             # Every write() reaches the server before it returns: the full
-            # disk fails the write() itself, never a later close() that few
-            # check, and the file keeps what it held.
+            # disk fails a write() itself, never a later close() that few
+            # check; the file holds what it held and what write() accepted,
+            # and truncating it back works on the full disk.
             name = min(synced)
+            seed, size = synced[name]
+            extra = t.random_bytes(4 * MiB, 3)
             fd = os.open(m.p(name), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
             try:
-                t.expect_errno([errno.ENOSPC], os.write, fd, t.random_bytes(4 * MiB, 3),
-                               what='write() without fsync on the full disk')
+                accepted, error = write_all(fd, extra)
+                t.check(error is not None and error.errno == errno.ENOSPC,
+                        f'appending 4 MiB without fsync on the full disk: {accepted} bytes accepted, '
+                        f'then {error or "no error"}, not ENOSPC')
+                t.check_bytes(t.read_file(m.p(name)), t.random_bytes(size, seed) + extra[:accepted],
+                              f'{name} after appending to it failed on the full disk')
+                os.ftruncate(fd, size)
             finally:
                 os.close(fd)
-            verify(m.path, {name: synced[name]}, 'a file after a write() on the full disk failed')
+            verify(m.path, {name: synced[name]}, 'a file cut back to its size on the full disk')
             # Unlinking works on the full disk; its space comes back once
             # reaped, while the subvolume stays mounted.
             for name in synced:
