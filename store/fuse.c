@@ -9,9 +9,9 @@
  * entries, attributes and negative entries live for an hour, file pages
  * survive close and reopen, directory listings are cached (the kernel drops
  * a cached listing when it creates, removes or renames in the directory
- * itself). Every change the kernel does not see
- * coming goes through a reply that carries the new attributes; for unlink,
- * rmdir and rename the kernel updates its own dentries and attributes.
+ * itself). Every change the kernel does not see coming goes through a reply
+ * that carries the new attributes; for unlink, rmdir and rename the kernel
+ * updates its own dentries and attributes.
  * Should a volume ever not be the sole writer, timeouts drop to a second
  * and nothing else is cached.
  *
