@@ -461,7 +461,6 @@ static unsigned setattr_valid(int to_set) {
                 { FUSE_SET_ATTR_MTIME, VOLUME_SET_MTIME },
                 { FUSE_SET_ATTR_ATIME_NOW, VOLUME_SET_ATIME_NOW },
                 { FUSE_SET_ATTR_MTIME_NOW, VOLUME_SET_MTIME_NOW },
-                { FUSE_SET_ATTR_CTIME, VOLUME_SET_CTIME },
         };
         unsigned valid = 0;
 

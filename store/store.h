@@ -291,7 +291,6 @@ enum {
         VOLUME_SET_MTIME     = 1 << 5,
         VOLUME_SET_ATIME_NOW = 1 << 6,
         VOLUME_SET_MTIME_NOW = 1 << 7,
-        VOLUME_SET_CTIME     = 1 << 8,
 };
 
 int volume_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsigned valid, struct stat *ret);

@@ -122,10 +122,7 @@ int volume_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsigned va
                 row.mtime_ns = now;
         else if (valid & VOLUME_SET_MTIME)
                 row.mtime_ns = (int64_t) attr->st_mtim.tv_sec * 1000000000 + attr->st_mtim.tv_nsec;
-        if (valid & VOLUME_SET_CTIME)
-                row.ctime_ns = (int64_t) attr->st_ctim.tv_sec * 1000000000 + attr->st_ctim.tv_nsec;
-        else
-                row.ctime_ns = now;
+        row.ctime_ns = now;
 
         r = inode_put(v, &row);
         if (r < 0)
