@@ -356,7 +356,7 @@ def run():
         sub.run('snapshot of a snapshot', test_snapshot_of_snapshot, store, manifests)
         sub.run('delete while a snapshot shares blocks', test_delete_shared, store, manifests)
         sub.run('snapshot while mounted and written', test_live_snapshot, store)
-        sub.run('snapshot of what the page cache holds', test_snapshot_of_unflushed, store)
+        sub.run('snapshot of writes never fsync\'d', test_snapshot_of_unflushed, store)
         sub.run('snapshot while the mount is covered', test_snapshot_of_hidden_mount, store)
         sub.run('one writable mount, delete refused while mounted', test_single_writer, store)
         sub.run('allocated blocks through layers', test_blocks_through_layers, store)
