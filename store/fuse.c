@@ -66,6 +66,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "fuse-loop.h"
 #include "mutex-util.h"
 #include "store.h"
 #include "string-util.h"
@@ -1133,23 +1134,6 @@ static unsigned default_threads(void) {
         return (unsigned) MIN(MAX(n, 2L), (long) MAX_THREADS_DEFAULT);
 }
 
-static int session_loop(struct fuse_session *se, unsigned max_threads) {
-        struct fuse_loop_config *config;
-        int r;
-
-        config = fuse_loop_cfg_create();
-        if (!config)
-                return -ENOMEM;
-        fuse_loop_cfg_set_max_threads(config, max_threads > 0 ? max_threads : default_threads());
-        r = fuse_session_loop_mt(se, config);
-        fuse_loop_cfg_destroy(config);
-        /* Positive: the signal that asked us to stop. Negative: the session
-         * failed, and libfuse said why on stderr; its errno is not ours
-         * (-EPROTO from an INIT the kernel refused would read as a store
-         * of a newer format). */
-        return r < 0 ? -EIO : 0;
-}
-
 /* The kernel starts a FUSE mount's read-ahead at its 128 KiB default, which
  * INIT can only lower: the mount's backing device in sysfs raises it. Large
  * files are then read as several READs at once, and several threads
@@ -1210,7 +1194,7 @@ static int serve(Store *s, const char *name, const char *mountpoint, const Store
         if (srv.writable)
                 volume_set_write_back(srv.volume, server_write_back, &srv);
         mount_ready(opts->ready_fd, notify_fd);
-        r = session_loop(se, opts->max_threads);
+        r = session_serve(se, opts->max_threads > 0 ? opts->max_threads : default_threads());
         volume_set_write_back(srv.volume, NULL, NULL);
 
         fuse_session_unmount(se);

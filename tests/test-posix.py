@@ -3,12 +3,14 @@
 """POSIX semantics through a real FUSE mount of a subvolume: what builds,
 package managers and git rely on, and a kernel cache that never shows stale
 data after a change through the mount. Ends by remounting and checking that
-everything written is still there."""
+everything written is still there, and that a signal stops the server as an
+unmount would."""
 
 import errno
 import hashlib
 import mmap
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -830,6 +832,26 @@ def test_cache_staleness(d):
     t.check_bytes(t.read_file(J(x, 'target')), b'replaced', 'content under the name renamed over')
 
 
+def test_stop_on_signal(m):
+    """SIGTERM, SIGINT and SIGHUP end the server at once, as an unmount
+    would: it unmounts, exits, and keeps what was written, fsync'd or not.
+    One of its threads waits on the FUSE device meanwhile, and must be got
+    out of there."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        path = m.p(f'written-before-{sig.name}')
+        data = t.random_bytes(256 * KiB, sig.name)
+        t.write_file(path, data)
+        os.stat(m.path)
+        pid = m.pid
+        os.kill(pid, sig)
+        left = t.wait_gone([pid], 30)
+        t.check(not left, f'the server still runs 30 s after {sig.name}')
+        t.check(not t.is_mounted(m.path), f'the server ended on {sig.name} but left {m.path} mounted')
+        m.mounted = False
+        m.mount()
+        t.check_bytes(t.read_file(path), data, f'file written before {sig.name}')
+
+
 def run():
     t.require_fuse()
     os.umask(0o022)
@@ -870,6 +892,7 @@ def run():
             sub.run('persistence across a remount',
                     lambda: t.assert_manifests_equal(before, t.manifest(m.path), 'before and after a remount',
                                                      label_a='before', label_b='after'))
+            sub.run('a signal stops the server', test_stop_on_signal, m)
         sub.check()
 
 
