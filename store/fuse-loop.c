@@ -209,8 +209,11 @@ int session_serve(struct fuse_session *se, unsigned max_threads) {
         r = worker_start(&d);
         pthread_mutex_unlock(&d.lock);
 
-        /* A signal ends the session through libfuse's handler and this wait
-         * with EINTR; an unmount through a worker. */
+        /* An unmount ends the session through a worker; a signal through
+         * libfuse's handler and this wait, which it interrupts: the workers
+         * block the signals, and the kernel gives a signal to the main
+         * thread first. One that comes between the check and the wait is
+         * seen by the next request, as in libfuse's own loop. */
         while (r >= 0 && !fuse_session_exited(se))
                 if (sem_wait(&d.stopped) == 0)
                         break;

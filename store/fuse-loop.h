@@ -7,6 +7,7 @@ struct fuse_session;
 
 /* Serves the session's requests on up to max_threads threads until the
  * file system is unmounted or a signal handler of libfuse's ends the
- * session. Returns 0 then, -EIO if reading the device failed, or a
- * negative errno if no thread could be started. */
+ * session; to see those signals at once, call it on the main thread.
+ * Returns 0 then, -EIO if the session failed, or a negative errno if no
+ * thread could be started. */
 int session_serve(struct fuse_session *se, unsigned max_threads);
