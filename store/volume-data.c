@@ -21,6 +21,8 @@
 /* A file of up to this many blocks has its dirty blocks looked up one by
  * one; past it, a walk through every bucket costs less. */
 #define DIRTY_LOOKUP_BLOCKS (DIRTY_BUCKETS / 64)
+/* A dirty block's data grows by this much at least. */
+#define DIRTY_PAGE 4096u
 
 static size_t dirty_bucket(uint64_t ino, uint64_t idx) {
         return (size_t) ((ino * 0x9E3779B97F4A7C15ull) ^ idx) % DIRTY_BUCKETS;
@@ -35,6 +37,7 @@ static DirtyBlock *dirty_find(Volume *v, uint64_t ino, uint64_t idx) {
 
 /* Unlinks nothing: the caller has taken b out of its bucket. */
 static void dirty_free(Volume *v, DirtyBlock *b) {
+        free(b->data);
         free(b);
         v->n_dirty--;
         space_release(v->store, STORE_BLOCK_SIZE);
@@ -46,7 +49,7 @@ static DirtyBlock *dirty_new(Volume *v, uint64_t ino, uint64_t idx) {
         size_t h = dirty_bucket(ino, idx);
         DirtyBlock *b;
 
-        b = calloc(1, sizeof *b + STORE_BLOCK_SIZE);
+        b = calloc(1, sizeof *b);
         if (!b)
                 return NULL;
         b->ino = ino;
@@ -121,6 +124,24 @@ static void data_forget_dirty_one(Volume *v, uint64_t ino, uint64_t idx) {
                 }
 }
 
+/* Makes the first end bytes of b's data addressable; those it adds are
+ * zeros, as they were. Grows by pages, doubling. */
+static int dirty_reserve(DirtyBlock *b, size_t end) {
+        size_t capacity;
+        uint8_t *p;
+
+        if (end <= b->capacity)
+                return 0;
+        capacity = MIN(MAX(DIV_ROUND_UP(end, DIRTY_PAGE) * DIRTY_PAGE, 2 * b->capacity), (size_t) STORE_BLOCK_SIZE);
+        p = realloc(b->data, capacity);
+        if (!p)
+                return -ENOMEM;
+        memset(p + b->capacity, 0, capacity - b->capacity);
+        b->data = p;
+        b->capacity = capacity;
+        return 0;
+}
+
 static int dirty_get(Volume *v, const InodeRow *row, uint64_t idx, bool load, DirtyBlock **ret) {
         DirtyBlock *b;
         int r;
@@ -131,7 +152,9 @@ static int dirty_get(Volume *v, const InodeRow *row, uint64_t idx, bool load, Di
                 if (!b)
                         return -ENOMEM;
                 if (load && idx * STORE_BLOCK_SIZE < row->size) {
-                        r = block_load(v, row, idx, b->data);
+                        r = dirty_reserve(b, STORE_BLOCK_SIZE);
+                        if (r >= 0)
+                                r = block_load(v, row, idx, b->data);
                         if (r < 0) {
                                 data_forget_dirty_one(v, row->ino, idx);
                                 return r;
@@ -175,7 +198,10 @@ static int flush_batch(Volume *v, DirtyBlock **blocks, size_t n, uint64_t must_i
                         continue;
                 }
                 len = (size_t) MIN((uint64_t) STORE_BLOCK_SIZE, row.size - start);
-                if (!is_zero(b->data, len)) {
+                if (!is_zero(b->data, MIN(len, b->capacity))) {
+                        r = dirty_reserve(b, len);
+                        if (r < 0)
+                                return r;
                         puts[n_puts] = (BlockPut) { .data = b->data, .len = len };
                         block_digest(v->store, b->data, len, &puts[n_puts].digest);
                         put_blocks[n_puts++] = b;
@@ -279,14 +305,15 @@ static int flush_ahead_pick(Volume *v, AheadBlock *picked, uint8_t *data, size_t
                                 size_ino = b->ino;
                                 size = row.nlink > 0 ? row.size : 0;
                         }
-                        if ((b->idx + 1) * STORE_BLOCK_SIZE > size || is_zero(b->data, STORE_BLOCK_SIZE))
+                        if ((b->idx + 1) * STORE_BLOCK_SIZE > size || is_zero(b->data, b->capacity))
                                 continue; /* not done, or a hole the commit makes */
                         if (now - b->changed_usec < FLUSH_AHEAD_AGE_USEC) {
                                 youngest = MAX(youngest, b->changed_usec);
                                 continue;
                         }
                         picked[n] = (AheadBlock) { .ino = b->ino, .idx = b->idx, .seq = b->seq };
-                        memcpy(data + n * STORE_BLOCK_SIZE, b->data, STORE_BLOCK_SIZE);
+                        memcpy(data + n * STORE_BLOCK_SIZE, b->data, b->capacity);
+                        memset(data + n * STORE_BLOCK_SIZE + b->capacity, 0, STORE_BLOCK_SIZE - b->capacity);
                         n++;
                 }
         v->flush_ahead_retry_usec = youngest ? youngest + FLUSH_AHEAD_AGE_USEC : 0;
@@ -405,9 +432,13 @@ static ssize_t read_plan(Volume *v, uint64_t ino, uint8_t *out, size_t size, uin
                 ReadPiece *p = &pieces[n];
                 bool hole;
 
-                if (b)
-                        memcpy(out + done, b->data + in_block, k);
-                else {
+                if (b) {
+                        size_t have = in_block < b->capacity ? MIN(k, b->capacity - in_block) : 0;
+
+                        if (have > 0)
+                                memcpy(out + done, b->data + in_block, have);
+                        memset(out + done + have, 0, k - have);
+                } else {
                         r = extent_get(v, &row, idx, &p->digest, &p->len, &hole);
                         if (r < 0)
                                 return r;
@@ -496,9 +527,11 @@ static int inline_to_blocks(Volume *v, InodeRow *row) {
 
         if (row->data_len > 0) {
                 r = dirty_get(v, row, 0, false, &b);
+                if (r >= 0)
+                        r = dirty_reserve(b, row->data_len);
                 if (r < 0)
                         return r;
-                memset(b->data, 0, STORE_BLOCK_SIZE);
+                memset(b->data, 0, b->capacity);
                 memcpy(b->data, row->data, row->data_len);
         }
         inode_row_clear(row);
@@ -538,6 +571,8 @@ static int blocks_write(Volume *v, const InodeRow *row, const uint8_t *in, size_
                 DirtyBlock *b;
 
                 r = dirty_get(v, row, idx, n < STORE_BLOCK_SIZE, &b);
+                if (r >= 0)
+                        r = dirty_reserve(b, in_block + n);
                 if (r < 0)
                         return r;
                 memcpy(b->data + in_block, in + done, n);
@@ -645,8 +680,8 @@ static int blocks_zero_range(Volume *v, const InodeRow *row, uint64_t offset, ui
                         DirtyBlock *b;
 
                         r = dirty_get(v, row, idx, true, &b);
-                        if (r >= 0)
-                                memset(b->data + in_block, 0, n);
+                        if (r >= 0 && in_block < b->capacity)
+                                memset(b->data + in_block, 0, MIN(n, b->capacity - in_block));
                 }
                 if (r < 0)
                         return r;
@@ -681,10 +716,13 @@ int data_truncate(Volume *v, InodeRow *row, uint64_t size) {
                 if (size % STORE_BLOCK_SIZE != 0) {
                         DirtyBlock *b;
 
+                        size_t from = (size_t) (size % STORE_BLOCK_SIZE);
+
                         r = dirty_get(v, row, size / STORE_BLOCK_SIZE, true, &b);
                         if (r < 0)
                                 return r;
-                        memset(b->data + size % STORE_BLOCK_SIZE, 0, STORE_BLOCK_SIZE - size % STORE_BLOCK_SIZE);
+                        if (from < b->capacity)
+                                memset(b->data + from, 0, b->capacity - from);
                 }
                 row->lower_limit = MIN(row->lower_limit, size);
         }

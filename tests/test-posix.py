@@ -138,6 +138,37 @@ def test_sparse(d):
         t.check_bytes(f.read(26), zeros(10) + b'island' + zeros(10), 'data written into a hole')
 
 
+def test_partly_written_blocks(d):
+    """Writes, truncates and holes inside a block that is still in the
+    server's memory: what was never written reads as zeros, before and
+    after the fsync that stores it. The kernel's copy of the pages is
+    dropped before each read, so that the server answers."""
+    def read_back(fd):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return os.pread(fd, 128 * KiB, 0)
+
+    p = J(d, 'partly')
+    data = t.random_bytes(5000, 'partly')
+    fd = open_rw(p)
+    try:
+        os.write(fd, data)                      # past the inline size
+        os.pwrite(fd, b'far', 60 * KiB)         # the same block, much further on
+        expected = data + zeros(60 * KiB - 5000) + b'far'
+        t.check_bytes(read_back(fd), expected, 'a block written at its start and near its end')
+        os.ftruncate(fd, 2000)
+        os.ftruncate(fd, 70000)                 # into the next block
+        os.pwrite(fd, b'next', 66000)
+        expected = data[:2000] + zeros(64000) + b'next' + zeros(70000 - 66004)
+        t.check_bytes(read_back(fd), expected, 'cut short, extended, written past the block')
+        t.fallocate(fd, t.FALLOC_FL_PUNCH_HOLE | t.FALLOC_FL_KEEP_SIZE, 1000, 500)
+        expected = expected[:1000] + zeros(500) + expected[1500:]
+        t.check_bytes(read_back(fd), expected, 'a hole punched in it')
+        os.fsync(fd)
+        t.check_bytes(read_back(fd), expected, 'after fsync')
+    finally:
+        os.close(fd)
+
+
 def test_fallocate(d):
     p = J(d, 'alloc')
     fd = open_rw(p)
@@ -862,6 +893,7 @@ def run():
             tests = [
                 ('regular files', test_regular),
                 ('sparse files', test_sparse),
+                ('partly written blocks', test_partly_written_blocks),
                 ('fallocate', test_fallocate),
                 ('O_APPEND', test_append),
                 ('mmap', test_mmap),
