@@ -92,16 +92,30 @@ def check_user_namespace(store):
     store.delete('userns1')
 
 
+def unlimited_seconds(store, slow, probe, before=None):
+    """The probe's time without a limit: the best of up to three runs, so
+    that other work on the disk meanwhile (tests run in parallel) does
+    not pass for the limit's effect; a limit that has none still shows."""
+    best = None
+    for _ in range(3):
+        if before:
+            before()
+        r, _ = run(store, 'img', '--', '/probe', *probe)
+        seconds = float(r.out.split()[2])
+        best = seconds if best is None else min(best, seconds)
+        if best < slow / 2:
+            break
+    return best
+
+
 def check_io(store):
     limit = 6 * MiB
     drop_caches()
     r, limited = run(store, '--io-read-bps', str(limit), 'img', '--', '/probe', 'read', '/data/big')
     slow = float(r.out.split()[2])
-    drop_caches()
-    r, free = run(store, 'img', '--', '/probe', 'read', '/data/big')
-    fast = float(r.out.split()[2])
+    fast = unlimited_seconds(store, slow, ['read', '/data/big'], before=drop_caches)
     print(f'read {BIG >> 20} MiB: {slow:.2f} s under {limit >> 20} MiB/s (cgroup v{limited["cgroup_version"]}), '
-          f'{fast:.2f} s without a limit; the sandbox read {limited["io_read_bytes"] >> 20} MiB from the disk',
+          f'{fast:.2f} s without a limit (best of up to three); the sandbox read {limited["io_read_bytes"] >> 20} MiB from the disk',
           flush=True)
     t.check(limited['cgroup_version'] in (1, 2), 'an I/O controller was used')
     t.check(slow >= 0.7 * BIG / limit, f'a read under a limit of {limit} B/s took {slow:.2f} s')
@@ -110,10 +124,9 @@ def check_io(store):
 
     r, limited = run(store, '--io-write-bps', str(limit), 'img', '--', '/probe', 'writeback', '/data/out', '24')
     slow = float(r.out.split()[2])
-    r, free = run(store, 'img', '--', '/probe', 'writeback', '/data/out', '24')
-    fast = float(r.out.split()[2])
+    fast = unlimited_seconds(store, slow, ['writeback', '/data/out', '24'])
     print(f'write 24 MiB and fsync: {slow:.2f} s under {limit >> 20} MiB/s (cgroup v{limited["cgroup_version"]}), '
-          f'{fast:.2f} s without a limit; the sandbox wrote {limited["io_write_bytes"] >> 20} MiB to the disk',
+          f'{fast:.2f} s without a limit (best of up to three); the sandbox wrote {limited["io_write_bytes"] >> 20} MiB to the disk',
           flush=True)
     t.check(not any('write' in n for n in limited['not_applied']),
             f'the write limit was applied: {limited["not_applied"]}')
