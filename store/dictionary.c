@@ -44,6 +44,8 @@ typedef struct LoadedDictionary {
 struct Dictionaries {
         pthread_mutex_t lock;
         ZSTD_CDict *cdict;      /* for compressing; NULL until there is one */
+        void *stored;           /* the store's dictionary, until cdict is made of it */
+        size_t stored_len;
         LoadedDictionary *loaded;
         size_t n_loaded, allocated_loaded;
 
@@ -104,9 +106,10 @@ int dictionaries_new(Store *s, struct Dictionaries **ret) {
                 return -ENOMEM;
         r = dictionary_read(s, 0, &dict, &len, NULL);
         if (r >= 0) {
-                d->cdict = ZSTD_createCDict(dict, len, STORE_ZSTD_LEVEL);
-                if (!d->cdict)
-                        return -ENOMEM;
+                /* Made into a CDict at the first compression: that takes
+                 * milliseconds, and most opens of a store never compress. */
+                d->stored = TAKE_PTR(dict);
+                d->stored_len = len;
                 d->done = true;
         } else if (r == -EIO)
                 d->done = true; /* damaged: its files give EIO, new ones are compressed alone */
@@ -121,6 +124,7 @@ struct Dictionaries *dictionaries_free(struct Dictionaries *d) {
         if (!d)
                 return NULL;
         ZSTD_freeCDict(d->cdict);
+        free(d->stored);
         for (size_t i = 0; i < d->n_loaded; i++)
                 ZSTD_freeDDict(d->loaded[i].ddict);
         free(d->loaded);
@@ -131,8 +135,17 @@ struct Dictionaries *dictionaries_free(struct Dictionaries *d) {
 }
 
 const ZSTD_CDict *dictionary_for_compression(Store *s) {
-        MUTEX_LOCKED(&s->dicts->lock);
-        return s->dicts->cdict;
+        struct Dictionaries *d = s->dicts;
+
+        MUTEX_LOCKED(&d->lock);
+        if (!d->cdict && d->stored) {
+                /* Without memory, this compression goes without the
+                 * dictionary, and the next tries again. */
+                d->cdict = ZSTD_createCDict(d->stored, d->stored_len, STORE_ZSTD_LEVEL);
+                if (d->cdict)
+                        d->stored = mfree(d->stored);
+        }
+        return d->cdict;
 }
 
 /* Stores a trained dictionary, unless another process stored one first:
