@@ -226,9 +226,6 @@ static int layers_load_once(Volume *v, bool *ret_missing) {
         r = catalog_layer_stack(v->store, rec.top_layer, &ids, &n);
         if (r < 0)
                 return r;
-        r = layer_stack_counters(v->store, ids, n, &v->counters);
-        if (r < 0)
-                return r;
 
         v->layers = calloc(n, sizeof *v->layers);
         if (!v->layers)
@@ -254,8 +251,14 @@ static int layers_load_once(Volume *v, bool *ret_missing) {
                         return r;
         }
 
-        /* A layer created lazily starts with the counters below it, but
-         * stores nothing yet. */
+        /* The counters are the topmost database's. A layer created lazily
+         * starts with the counters below it, but stores nothing yet. */
+        r = -EUCLEAN; /* every stack has a bottom layer with a root */
+        for (size_t i = 0; i < n && r == -EUCLEAN; i++)
+                if (v->layers[i].db)
+                        r = layer_read_counters(v->layers[i].db, &v->counters);
+        if (r < 0)
+                return r;
         if (!v->layers[0].db)
                 v->counters.stored_bytes = 0;
         if (v->writable && v->layers[0].db)
