@@ -6,11 +6,14 @@
  */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "store-tool.h"
@@ -229,17 +232,82 @@ static int report_mount_error(int error, const char *name, const char *mountpoin
         }
 }
 
+/* Opens the store and serves the mount; reports what went wrong itself. */
+static int mount_and_serve(const Tool *tool, const char *name, const char *mountpoint,
+                           const StoreMountOptions *opts) {
+        _cleanup_store_ Store *store = NULL;
+        pid_t holder = 0;
+        int r;
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+        r = store_mount(store, name, mountpoint, opts, &holder);
+        if (r < 0)
+                return report_mount_error(r, name, mountpoint, holder);
+        return EXIT_SUCCESS;
+}
+
+/* The server is a child that leaves the terminal once the mount is ready;
+ * until then it reports its own errors, as in the foreground. Only the
+ * child opens the store: a store opened before fork() would be of no use
+ * to it (SQLite connections do not survive fork), and opening it twice
+ * would only make the mount slower. */
+static int mount_in_background(const Tool *tool, const char *name, const char *mountpoint,
+                               StoreMountOptions *opts) {
+        _cleanup_close_ int rfd = -EBADF;
+        int fds[2], status;
+        char word[2];
+        ssize_t n;
+        pid_t pid;
+
+        if (pipe2(fds, O_CLOEXEC) < 0)
+                return report_failure("cannot create a pipe: %m");
+        rfd = fds[0];
+        pid = fork();
+        if (pid < 0) {
+                safe_close(fds[1]);
+                return report_failure("cannot start the server: %m");
+        }
+        if (pid == 0) {
+                rfd = safe_close(rfd);
+                opts->ready_fd = fds[1];
+                opts->detach = true;
+                _exit(mount_and_serve(tool, name, mountpoint, opts));
+        }
+        safe_close(fds[1]);
+
+        do
+                n = read(rfd, word, sizeof word);
+        while (n < 0 && errno == EINTR);
+        if (n > 0 && word[0] == '1') {
+                printf("Mounted subvolume '%s' at %s; unmount it with 'fusermount3 -u %s'.\n",
+                       name, mountpoint, mountpoint);
+                return EXIT_SUCCESS;
+        }
+
+        /* It failed, and said why. */
+        while (waitpid(pid, &status, 0) < 0)
+                if (errno != EINTR)
+                        return report_failure("cannot wait for the server: %m");
+        if (WIFEXITED(status) && WEXITSTATUS(status) != EXIT_SUCCESS)
+                return WEXITSTATUS(status);
+        if (WIFSIGNALED(status))
+                return report_failure("the server of '%s' was killed by signal %s before the mount was ready",
+                                      name, sigabbrev_np(WTERMSIG(status)) ?: "?");
+        return report_failure("the server of '%s' exited before the mount was ready", name);
+}
+
 static int verb_mount(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         StoreMountOptions opts = { .ready_fd = -1 };
-        _cleanup_store_ Store *store = NULL;
         const char *name, *mountpoint;
-        pid_t self = getpid(), holder = 0;
+        bool background = false;
         int c, r;
 
         while ((c = command_getopt(tool, cmd, argc, argv)) > 0)
                 switch (c) {
                 case ARG_BACKGROUND:
-                        opts.background = true;
+                        background = true;
                         break;
                 case ARG_READ_ONLY:
                         opts.readonly = true;
@@ -263,20 +331,9 @@ static int verb_mount(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (r != 0)
                 return r;
 
-        r = tool_open_store(tool, &store);
-        if (r != 0)
-                return r;
-
-        r = store_mount(store, name, mountpoint, &opts, &holder);
-        if (r < 0)
-                return report_mount_error(r, name, mountpoint, holder);
-
-        /* With --background, the daemonized server may return here too, once
-         * unmounted: only the process the user started reports the mount. */
-        if (opts.background && getpid() == self)
-                printf("Mounted subvolume '%s' at %s; unmount it with 'fusermount3 -u %s'.\n",
-                       name, mountpoint, mountpoint);
-        return EXIT_SUCCESS;
+        if (background)
+                return mount_in_background(tool, name, mountpoint, &opts);
+        return mount_and_serve(tool, name, mountpoint, &opts);
 }
 
 /* ---- reap ---- */

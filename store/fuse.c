@@ -1087,12 +1087,6 @@ static int loop_write(int fd, const void *buf, size_t size) {
         return 0;
 }
 
-/* What a background server tells the process that started it. */
-typedef struct MountStatus {
-        int error;
-        pid_t holder;
-} MountStatus;
-
 /* Leaves the caller's session, working directory and terminal, as
  * fuse_daemonize() does. */
 static void detach(void) {
@@ -1112,17 +1106,16 @@ static void detach(void) {
                 safe_close(fd);
 }
 
-/* The mount is up: tell whoever waits for it. Write errors are ignored (the
- * reader may be gone; SIGPIPE is ignored by now). */
-static void mount_ready(int ready_fd, int *notify_fd) {
-        if (ready_fd >= 0) {
-                (void) loop_write(ready_fd, "1\n", 2);
-                safe_close(ready_fd);
-        }
-        if (*notify_fd >= 0) {
+/* The mount is up: leave the caller's session if asked to, then tell
+ * whoever waits for it, so that the server is on its own by the time the
+ * caller goes on. Write errors are ignored (the reader may be gone; SIGPIPE
+ * is ignored by now). */
+static void mount_ready(const StoreMountOptions *opts) {
+        if (opts->detach)
                 detach();
-                (void) loop_write(*notify_fd, &(MountStatus) {}, sizeof(MountStatus));
-                *notify_fd = safe_close(*notify_fd);
+        if (opts->ready_fd >= 0) {
+                (void) loop_write(opts->ready_fd, "1\n", 2);
+                safe_close(opts->ready_fd);
         }
 }
 
@@ -1153,12 +1146,10 @@ static void raise_read_ahead(const char *mountpoint) {
                 (void) dprintf(fd, "%u\n", READ_AHEAD_BYTES / 1024);
 }
 
-/* Mounts and serves until unmounted or told to stop. notify_fd, if >= 0,
- * is a background server's pipe to its starter: written and closed once
- * mounted (and set to -EBADF then). libfuse's own failures say no more than
- * that they failed: -EIO. */
+/* Mounts and serves until unmounted or told to stop. libfuse's own
+ * failures say no more than that they failed: -EIO. */
 static int serve(Store *s, const char *name, const char *mountpoint, const StoreMountOptions *opts,
-                 int *notify_fd, pid_t *ret_holder) {
+                 pid_t *ret_holder) {
         _cleanup_(server_done) Server srv = {
                 .inodes.lock = PTHREAD_MUTEX_INITIALIZER,
                 .listings.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -1193,7 +1184,7 @@ static int serve(Store *s, const char *name, const char *mountpoint, const Store
         raise_read_ahead(mountpoint);
         if (srv.writable)
                 volume_set_write_back(srv.volume, server_write_back, &srv);
-        mount_ready(opts->ready_fd, notify_fd);
+        mount_ready(opts);
         r = session_serve(se, opts->max_threads > 0 ? opts->max_threads : default_threads());
         volume_set_write_back(srv.volume, NULL, NULL);
 
@@ -1203,74 +1194,6 @@ remove_handlers:
 destroy:
         fuse_session_destroy(se);
         return r;
-}
-
-/* The background server. It must not use the caller's store: SQLite
- * connections do not survive fork (the locks stay with the caller's
- * process). Closing our copy first releases nothing of the caller's, which
- * holds its own locks meanwhile; then we open our own. Never returns. */
-_noreturn_ static void background_server(Store *inherited, const char *name, const char *mountpoint,
-                                         const StoreMountOptions *opts, int notify_fd) {
-        _cleanup_free_ char *path = strdup(store_path(inherited));
-        Store *s = NULL;
-        pid_t holder = 0;
-        int r;
-
-        store_close_inherited();
-        r = path ? store_open(path, &s) : -ENOMEM;
-        if (r >= 0)
-                r = serve(s, name, mountpoint, opts, &notify_fd, &holder);
-        if (notify_fd >= 0)
-                (void) loop_write(notify_fd, &(MountStatus) { .error = r < 0 ? r : -EIO, .holder = holder },
-                                  sizeof(MountStatus));
-        (void) store_close(s);
-        _exit(r < 0 ? EXIT_FAILURE : EXIT_SUCCESS);
-}
-
-/* The caller's side: waits until the server is mounted or has failed. */
-static int background_wait(pid_t pid, int fd, int ready_fd, pid_t *ret_holder) {
-        MountStatus status = {};
-        ssize_t n;
-
-        do
-                n = read(fd, &status, sizeof status);
-        while (n < 0 && errno == EINTR);
-
-        if (n == (ssize_t) sizeof status && status.error == 0) {
-                safe_close(ready_fd); /* the server wrote to its copy */
-                return 0;
-        }
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-                ;
-        if (n != (ssize_t) sizeof status)
-                return -EIO; /* it died without a word */
-        if (ret_holder)
-                *ret_holder = status.holder;
-        return status.error < 0 ? status.error : -EIO;
-}
-
-/* Forks before the volume is opened, so that its threads (group commit,
- * snapshot requests) and its lock belong to the process that serves. */
-static int mount_in_background(Store *s, const char *name, const char *mountpoint,
-                               const StoreMountOptions *opts, pid_t *ret_holder) {
-        _cleanup_close_ int rfd = -EBADF, wfd = -EBADF;
-        int fds[2];
-        pid_t pid;
-
-        if (pipe2(fds, O_CLOEXEC) < 0)
-                return -errno;
-        rfd = fds[0];
-        wfd = fds[1];
-
-        pid = fork();
-        if (pid < 0)
-                return -errno;
-        if (pid == 0) {
-                rfd = safe_close(rfd);
-                background_server(s, name, mountpoint, opts, TAKE_FD(wfd));
-        }
-        wfd = safe_close(wfd);
-        return background_wait(pid, rfd, opts->ready_fd, ret_holder);
 }
 
 static int check_mountpoint(const char *path) {
@@ -1283,18 +1206,11 @@ static int check_mountpoint(const char *path) {
         return 0;
 }
 
-/* With background, the server runs in a child process. The call returns in
- * the caller's process once the mount is ready (0) or has failed (the
- * error, ret_holder as volume_open() set it); the child never returns to
- * the caller's code: it exits when unmounted. Background is for a
- * single-threaded caller that has nothing else running (the CLI, which
- * calls this last); a service should run the server in its own process and
- * wait on ready_fd instead. ready_fd is closed once mounted, and left to
- * the caller if the mount fails. */
+/* ready_fd is closed once mounted, and left to the caller if the mount
+ * fails. */
 int store_mount(Store *s, const char *name, const char *mountpoint,
                 const StoreMountOptions *opts, pid_t *ret_holder) {
         _cleanup_free_ char *path = NULL;
-        int notify_fd = -EBADF;
         int r;
 
         if (!s || !opts || !mountpoint || !name || !store_name_is_valid(name))
@@ -1310,7 +1226,5 @@ int store_mount(Store *s, const char *name, const char *mountpoint,
         if (!path)
                 return -errno;
 
-        if (opts->background)
-                return mount_in_background(s, name, path, opts, ret_holder);
-        return serve(s, name, path, opts, &notify_fd, ret_holder);
+        return serve(s, name, path, opts, ret_holder);
 }

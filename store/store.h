@@ -216,11 +216,12 @@ int store_fsck(Store *s, bool repair, store_problem_cb cb, void *userdata);
 /* Mounts a subvolume through FUSE at mountpoint and serves it until it is
  * unmounted (fusermount3 -u) or the process gets SIGTERM/SIGINT. A
  * writable subvolume can be mounted writable once: -EBUSY (ret_holder set)
- * if another process has it. With background, the process daemonizes once
- * the mount is ready and the call returns 0 in the parent. */
+ * if another process has it. To serve in the background, call it in a
+ * process of its own and wait on ready_fd. */
 typedef struct StoreMountOptions {
         bool readonly;          /* mount a writable subvolume read-only */
-        bool background;
+        bool detach;            /* once mounted, leave the session, the working
+                                 * directory and the terminal, as a daemon does */
         bool debug;             /* libfuse debug output */
         unsigned max_threads;   /* 0: default */
         int ready_fd;           /* if >= 0: written "1\n" and closed once mounted */

@@ -150,6 +150,16 @@ def test_misuse(store):
     t.check_equal(store.names(), before, 'subvolumes after misuse')
     r = store.run('mount', 'no-such-subvolume', store.new_dir('mnt'), expect='fail')
     check_mentions(r, 'no-such-subvolume', 'mount of a missing subvolume')
+    # In the background the server reports it before it leaves, and the
+    # command fails with it.
+    mnt = store.new_dir('mnt-background')
+    r = store.run('mount', '--background', 'no-such-subvolume', mnt, expect='fail')
+    check_mentions(r, 'no-such-subvolume', 'mount --background of a missing subvolume')
+    t.check('mounted' not in r.out.lower(), f'a failed mount --background says it mounted:\n{r.describe()}')
+    t.check(not t.is_mounted(mnt), f'a failed mount --background left {mnt} mounted')
+    missing = os.path.join(store.tmp, 'no-store-here')
+    r = t.run_command([t.tool(), '--store', missing, 'mount', '--background', 'alpha', mnt], expect='fail')
+    check_mentions(r, 'init', 'mount --background on a missing store (should say how to create one)')
 
 
 def test_json(store):

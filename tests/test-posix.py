@@ -883,6 +883,20 @@ def test_stop_on_signal(m):
         t.check_bytes(t.read_file(path), data, f'file written before {sig.name}')
 
 
+def test_background_server(m):
+    """mount --background returns once the mount answers, and the server
+    it leaves behind is on its own: a session of its own (a terminal's
+    hang-up or a job control signal to the caller's group does not reach
+    it), in "/" (the caller's directory stays unmountable), its standard
+    streams on /dev/null (a closed terminal or pipe cannot stop it)."""
+    pid = m.pid
+    t.check(pid != os.getpid(), 'the server is the test itself')
+    t.check_equal(os.getsid(pid), pid, f'session of the server {pid}')
+    t.check_equal(os.readlink(f'/proc/{pid}/cwd'), '/', f'working directory of the server {pid}')
+    for fd in (0, 1, 2):
+        t.check_equal(os.readlink(f'/proc/{pid}/fd/{fd}'), '/dev/null', f'descriptor {fd} of the server {pid}')
+
+
 def run():
     t.require_fuse()
     os.umask(0o022)
@@ -924,6 +938,7 @@ def run():
             sub.run('persistence across a remount',
                     lambda: t.assert_manifests_equal(before, t.manifest(m.path), 'before and after a remount',
                                                      label_a='before', label_b='after'))
+            sub.run('the background server', test_background_server, m)
             sub.run('a signal stops the server', test_stop_on_signal, m)
         sub.check()
 
