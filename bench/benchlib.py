@@ -167,6 +167,21 @@ def timed(argv):
     return run(argv)[0]
 
 
+def process_start(tool, runs):
+    """The start cost of a cowbox-store process (--version) and of /bin/true,
+    runs times each after one that warms the caches: every time measured of a
+    cowbox-store command includes the first. Prints it; returns the samples."""
+    true = shutil.which("true") or "/bin/true"
+    startup = {"version": [], "true": []}
+    for _ in range(runs + 1):
+        startup["version"].append(timed([tool, "--version"]))
+        startup["true"].append(timed([true]))
+    del startup["version"][0], startup["true"][0]
+    out(f"process   cowbox-store --version: median {fmt_time(median(startup['version']))}, "
+        f"worst {fmt_time(worst(startup['version']))}; /bin/true {fmt_time(median(startup['true']))}")
+    return startup
+
+
 def unescape_mountinfo(s):
     out_ = []
     i = 0
