@@ -2,8 +2,10 @@
 
 /* The catalog: subvolumes, the tree of layers, the block index. */
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -411,8 +413,8 @@ int subvolume_lock(Store *s, uint64_t id, bool exclusive, pid_t *ret_holder) {
 
 int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, bool brief, pid_t *ret_holder) {
         _cleanup_close_ int fd = -EBADF;
-        char name[32], pid[32];
-        int n;
+        char name[32];
+        int r;
 
         lock_file_name(id, name);
         fd = openat(s->locks_fd, name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -421,8 +423,17 @@ int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, bool brief, pid_t
         for (unsigned waited = 0;; waited += LOCK_RETRY_USEC) {
                 pid_t holder = 0;
 
-                if (flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) >= 0)
+                if (flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) >= 0) {
+                        struct stat st;
+
+                        /* Removed under us: the reaper has forgotten the
+                         * subvolume since we looked it up. */
+                        if (fstat(fd, &st) < 0)
+                                return -errno;
+                        if (st.st_nlink == 0)
+                                return -ENOENT;
                         break;
+                }
                 if (errno != EWOULDBLOCK)
                         return -errno;
                 if (read_pid_file(s->locks_fd, name, &holder) < 0)
@@ -445,9 +456,9 @@ int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, bool brief, pid_t
         }
 
         /* The holder's pid is for messages only; the lock itself is the flock. */
-        n = snprintf(pid, sizeof pid, "%d%s\n", (int) getpid(), brief ? " brief" : "");
-        if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t) n, 0) != n)
-                return -errno;
+        r = write_pid_file(fd, brief ? " brief" : "");
+        if (r < 0)
+                return r;
         return TAKE_FD(fd);
 }
 
@@ -468,6 +479,70 @@ int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder) {
                 return 1;
         }
         return 0;
+}
+
+static int subvolume_known(Store *s, uint64_t id) {
+        int64_t found = 0;
+        char sql[96];
+        int r;
+
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM subvolumes WHERE id = %" PRIu64, id);
+        CATALOG_LOCKED(s);
+        r = sqlite_query_int(s->catalog, sql, &found);
+        return r < 0 ? r : found > 0;
+}
+
+/* Removes the lock files of subvolumes the catalog has forgotten, which
+ * would otherwise pile up, one for every subvolume ever made. Ids are
+ * never handed out again (AUTOINCREMENT), so no live subvolume uses such a
+ * file. One still locked (by a process that looked the subvolume up before
+ * it was deleted) is left for the next reap, and subvolume_lock_full()
+ * refuses a file removed under it. Ids above the last one handed out may be
+ * of a subvolume being made: left alone. */
+int subvolume_locks_prune(Store *s) {
+        _cleanup_close_ int dup_fd = fcntl(s->locks_fd, F_DUPFD_CLOEXEC, 3);
+        int64_t last_id = 0;
+        struct dirent *de;
+        int r;
+        DIR *d;
+
+        if (dup_fd < 0)
+                return -errno;
+        {
+                CATALOG_LOCKED(s);
+                r = sqlite_query_int(s->catalog, "SELECT seq FROM sqlite_sequence WHERE name = 'subvolumes'",
+                                     &last_id);
+        }
+        if (r < 0)
+                return r;
+        d = fdopendir(dup_fd);
+        if (!d)
+                return -errno;
+        TAKE_FD(dup_fd);
+        rewinddir(d);
+        while ((de = readdir(d))) {
+                _cleanup_close_ int fd = -EBADF;
+                char name[32];
+                uint64_t id;
+                int end = 0;
+
+                if (sscanf(de->d_name, "subvolume-%" SCNu64 ".lock%n", &id, &end) != 1 || de->d_name[end] != 0)
+                        continue;
+                lock_file_name(id, name);
+                if (!streq(name, de->d_name) || id > (uint64_t) last_id)
+                        continue;       /* not a name we make, or a subvolume being made */
+                r = subvolume_known(s, id);
+                if (r < 0)
+                        break;
+                if (r > 0)
+                        continue;
+                fd = openat(dirfd(d), de->d_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+                if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0)
+                        continue;
+                (void) unlinkat(dirfd(d), de->d_name, 0);
+        }
+        closedir(d);
+        return MIN(r, 0);
 }
 
 int catalog_dead_layers(Store *s, uint64_t **ret_ids, size_t *ret_n) {

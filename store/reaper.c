@@ -630,8 +630,7 @@ int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {
         _cleanup_close_ int lock = -EBADF;
         StoreReapStats stats = {};
         Pace pace;
-        char pid[24];
-        int r, n;
+        int r;
 
         lock = open_lock(s, "reaper.lock");
         if (lock < 0)
@@ -648,15 +647,17 @@ int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {
                 if (r < 0)
                         return r;
         }
-        n = snprintf(pid, sizeof pid, "%d\n", (int) getpid());
-        if (ftruncate(lock, 0) < 0 || pwrite(lock, pid, (size_t) n, 0) != n)
-                return -errno;
+        r = write_pid_file(lock, "");
+        if (r < 0)
+                return r;
 
         r = pace_start(s, &pace);
         if (r >= 0 && pace.settings.paused)
                 r = -EAGAIN;
         if (r >= 0)
                 r = forget_deleted_subvolumes(s, &stats.subvolumes_forgotten);
+        if (r >= 0)
+                r = subvolume_locks_prune(s);
         if (r >= 0)
                 r = fold_layers(s, &stats);
         if (r >= 0)

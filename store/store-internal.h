@@ -101,6 +101,7 @@ uint64_t now_usec(void);
 uint64_t now_nsec(void);
 int uuid_generate_string(char ret[static 37]);
 int read_pid_file(int dir_fd, const char *name, pid_t *ret);
+int write_pid_file(int fd, const char *suffix);
 
 /* ---- catalog.c ---- */
 typedef struct SubvolumeRecord {
@@ -148,6 +149,7 @@ int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, bool brief, pid_t
 
 /* 1 and the holder's pid if a process has the subvolume mounted writable. */
 int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder);
+int subvolume_locks_prune(Store *s);
 
 /* Layers that no live subvolume reaches, and those that one does. */
 int catalog_live_layers(Store *s, uint64_t **ret_ids, size_t *ret_n);

@@ -4,6 +4,7 @@
 show, snapshot, delete, --json, --help, and a clear error with a non-zero
 exit status for every misuse. No FUSE needed."""
 
+import fcntl
 import os
 import re
 import sys
@@ -181,6 +182,43 @@ def test_maintenance(store):
     store.fsck(repair=True)
 
 
+def test_lock_files_pruned(store):
+    """The reaper removes the lock file of every subvolume it forgets: a
+    build farm makes and deletes a snapshot per patch, and one file each
+    would pile up for ever. A lock file still held, and one of an id not
+    handed out yet, stay."""
+    locks = os.path.join(store.path, 'locks')
+
+    def lock_file(sid):
+        return os.path.join(locks, f'subvolume-{sid}.lock')
+
+    store.create('lock-keep')
+    keep = store.show('lock-keep')['id']
+    gone = []
+    for i in range(3):
+        store.snapshot('lock-keep', f'lock-gone-{i}')
+        gone.append(store.show(f'lock-gone-{i}')['id'])
+        store.delete(f'lock-gone-{i}', reap=False)
+    for sid in [keep] + gone:
+        t.check(os.path.exists(lock_file(sid)), f'no lock file for subvolume {sid} to begin with')
+    future = lock_file(max(gone) + 1000)
+    t.write_file(future, b'')
+    with open(lock_file(gone[0])) as held:
+        fcntl.flock(held, fcntl.LOCK_SH)
+        store.reap()
+        t.check(os.path.exists(lock_file(gone[0])), 'the reaper removed a lock file that was held')
+    for sid in gone[1:]:
+        t.check(not os.path.exists(lock_file(sid)), f'the lock file of forgotten subvolume {sid} is still there')
+    t.check(os.path.exists(lock_file(keep)), 'the reaper removed the lock file of a live subvolume')
+    t.check(os.path.exists(future), 'the reaper removed the lock file of an id not handed out yet')
+    store.reap()
+    t.check(not os.path.exists(lock_file(gone[0])), 'a lock file let go of is still there after the next reap')
+    os.unlink(future)
+    store.snapshot('lock-keep', 'lock-after')
+    store.delete('lock-keep')
+    store.delete('lock-after')
+
+
 def test_help(store):
     commands = [
         [], ['init'], ['subvolume'], ['subvolume', 'create'], ['subvolume', 'snapshot'],
@@ -216,6 +254,7 @@ def run():
         sub.run('misuse', test_misuse, store)
         sub.run('json', test_json, store)
         sub.run('reap, scrub, fsck', test_maintenance, store)
+        sub.run('lock files of forgotten subvolumes', test_lock_files_pruned, store)
         sub.run('help', test_help, store)
         sub.run('version', test_version, store)
         sub.check()
