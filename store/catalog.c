@@ -481,12 +481,14 @@ int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder) {
         return 0;
 }
 
-static int subvolume_known(Store *s, uint64_t id) {
+/* Whether a row of table (layers, subvolumes) has this id: 1, 0, or a
+ * negative errno. */
+int catalog_id_known(Store *s, const char *table, uint64_t id) {
         int64_t found = 0;
         char sql[96];
         int r;
 
-        snprintf(sql, sizeof sql, "SELECT count(*) FROM subvolumes WHERE id = %" PRIu64, id);
+        snprintf(sql, sizeof sql, "SELECT count(*) FROM %s WHERE id = %" PRIu64, table, id);
         CATALOG_LOCKED(s);
         r = sqlite_query_int(s->catalog, sql, &found);
         return r < 0 ? r : found > 0;
@@ -531,7 +533,7 @@ int subvolume_locks_prune(Store *s) {
                 lock_file_name(id, name);
                 if (!streq(name, de->d_name) || id > (uint64_t) last_id)
                         continue;       /* not a name we make, or a subvolume being made */
-                r = subvolume_known(s, id);
+                r = catalog_id_known(s, "subvolumes", id);
                 if (r < 0)
                         break;
                 if (r > 0)

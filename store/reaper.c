@@ -313,17 +313,6 @@ static int drop_dead_layers(Store *s, Pace *pace, StoreReapStats *stats) {
         return 0;
 }
 
-static int layer_known(Store *s, uint64_t id) {
-        int64_t found = 0;
-        char sql[96];
-        int r;
-
-        snprintf(sql, sizeof sql, "SELECT count(*) FROM layers WHERE id = %" PRIu64, id);
-        CATALOG_LOCKED(s);
-        r = sqlite_query_int(s->catalog, sql, &found);
-        return r < 0 ? r : found > 0;
-}
-
 /* Layer files that no catalog row names: left by a crash. */
 static int remove_orphan_layer_files(Store *s, StoreReapStats *stats) {
         _cleanup_close_ int fd = fcntl(s->layers_fd, F_DUPFD_CLOEXEC, 3);
@@ -348,7 +337,7 @@ static int remove_orphan_layer_files(Store *s, StoreReapStats *stats) {
                 if (fstatat(dirfd(d), de->d_name, &st, 0) < 0 ||
                     (uint64_t) st.st_mtime + ORPHAN_LAYER_AGE_SEC > now)
                         continue;
-                if (layer_known(s, id) != 0)
+                if (catalog_id_known(s, "layers", id) != 0)
                         continue;
                 stats->bytes_freed += (uint64_t) st.st_blocks * 512;
                 (void) unlinkat(dirfd(d), de->d_name, 0);

@@ -150,6 +150,7 @@ int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, bool brief, pid_t
 /* 1 and the holder's pid if a process has the subvolume mounted writable. */
 int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder);
 int subvolume_locks_prune(Store *s);
+int catalog_id_known(Store *s, const char *table, uint64_t id);
 
 /* Layers that no live subvolume reaches, and those that one does. */
 int catalog_live_layers(Store *s, uint64_t **ret_ids, size_t *ret_n);
