@@ -7,6 +7,7 @@
  * TAKE_PTR()/TAKE_FD() hand ownership on explicitly.
  */
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +77,12 @@ static inline void fclosep(FILE **f) {
                 (void) fclose(*f);
 }
 #define _cleanup_fclose_ _cleanup_(fclosep)
+
+static inline void closedirp(DIR **d) {
+        if (*d)
+                (void) closedir(*d);
+}
+#define _cleanup_closedir_ _cleanup_(closedirp)
 
 /* Frees a NULL-terminated array of strings and the array itself. */
 static inline void strv_free(char **l) {

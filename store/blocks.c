@@ -31,6 +31,7 @@
 #include <zstd.h>
 
 #include "alloc-util.h"
+#include "fd-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
 
@@ -982,24 +983,17 @@ int pack_punch(Store *s, uint64_t pack, const BlockRow *rows, size_t n) {
 }
 
 uint64_t packs_disk_bytes(Store *s) {
-        _cleanup_close_ int fd = fcntl(s->packs_fd, F_DUPFD_CLOEXEC, 3);
+        _cleanup_closedir_ DIR *d = opendir_dup(s->packs_fd);
         struct dirent *de;
         uint64_t total = 0;
-        DIR *d;
 
-        if (fd < 0)
-                return 0;
-        d = fdopendir(fd);
         if (!d)
                 return 0;
-        TAKE_FD(fd);
-        rewinddir(d);
         while ((de = readdir(d))) {
                 struct stat st;
 
                 if (de->d_name[0] != '.' && fstatat(dirfd(d), de->d_name, &st, 0) >= 0)
                         total += (uint64_t) st.st_blocks * 512;
         }
-        closedir(d);
         return total;
 }

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "alloc-util.h"
+#include "fd-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
 
@@ -502,14 +503,11 @@ int catalog_id_known(Store *s, const char *table, uint64_t id) {
  * refuses a file removed under it. Ids above the last one handed out may be
  * of a subvolume being made: left alone. */
 int subvolume_locks_prune(Store *s) {
-        _cleanup_close_ int dup_fd = fcntl(s->locks_fd, F_DUPFD_CLOEXEC, 3);
+        _cleanup_closedir_ DIR *d = NULL;
         int64_t last_id = 0;
         struct dirent *de;
         int r;
-        DIR *d;
 
-        if (dup_fd < 0)
-                return -errno;
         {
                 CATALOG_LOCKED(s);
                 r = sqlite_query_int(s->catalog, "SELECT seq FROM sqlite_sequence WHERE name = 'subvolumes'",
@@ -517,22 +515,21 @@ int subvolume_locks_prune(Store *s) {
         }
         if (r < 0)
                 return r;
-        d = fdopendir(dup_fd);
+        d = opendir_dup(s->locks_fd);
         if (!d)
                 return -errno;
-        TAKE_FD(dup_fd);
-        rewinddir(d);
         while ((de = readdir(d))) {
                 _cleanup_close_ int fd = -EBADF;
                 char name[32];
                 uint64_t id;
-                int end = 0;
 
-                if (sscanf(de->d_name, "subvolume-%" SCNu64 ".lock%n", &id, &end) != 1 || de->d_name[end] != 0)
+                /* Only names we make: the round trip refuses any other
+                 * spelling of the number, and any tail. */
+                if (sscanf(de->d_name, "subvolume-%" SCNu64, &id) != 1)
                         continue;
                 lock_file_name(id, name);
                 if (!streq(name, de->d_name) || id > (uint64_t) last_id)
-                        continue;       /* not a name we make, or a subvolume being made */
+                        continue;       /* or a subvolume being made */
                 r = catalog_id_known(s, "subvolumes", id);
                 if (r < 0)
                         break;
@@ -543,7 +540,6 @@ int subvolume_locks_prune(Store *s) {
                         continue;
                 (void) unlinkat(dirfd(d), de->d_name, 0);
         }
-        closedir(d);
         return MIN(r, 0);
 }
 

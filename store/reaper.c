@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "alloc-util.h"
+#include "fd-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
 
@@ -315,18 +316,12 @@ static int drop_dead_layers(Store *s, Pace *pace, StoreReapStats *stats) {
 
 /* Layer files that no catalog row names: left by a crash. */
 static int remove_orphan_layer_files(Store *s, StoreReapStats *stats) {
-        _cleanup_close_ int fd = fcntl(s->layers_fd, F_DUPFD_CLOEXEC, 3);
+        _cleanup_closedir_ DIR *d = opendir_dup(s->layers_fd);
         struct dirent *de;
         uint64_t now = now_usec() / 1000000;
-        DIR *d;
 
-        if (fd < 0)
-                return -errno;
-        d = fdopendir(fd);
         if (!d)
                 return -errno;
-        TAKE_FD(fd);
-        rewinddir(d);
         while ((de = readdir(d))) {
                 struct stat st;
                 char *end;
@@ -342,7 +337,6 @@ static int remove_orphan_layer_files(Store *s, StoreReapStats *stats) {
                 stats->bytes_freed += (uint64_t) st.st_blocks * 512;
                 (void) unlinkat(dirfd(d), de->d_name, 0);
         }
-        closedir(d);
         return 0;
 }
 

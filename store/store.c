@@ -13,6 +13,7 @@
 #include <sys/statvfs.h>
 #include <time.h>
 
+#include "fd-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
 
@@ -125,24 +126,15 @@ static int open_subdir(int dir_fd, const char *name, bool create) {
 }
 
 static int directory_is_empty(int dir_fd) {
-        _cleanup_close_ int fd = fcntl(dir_fd, F_DUPFD_CLOEXEC, 3);
-        DIR *d;
+        _cleanup_closedir_ DIR *d = opendir_dup(dir_fd);
         struct dirent *de;
-        bool empty = true;
 
-        if (fd < 0)
-                return -errno;
-        d = fdopendir(fd);
         if (!d)
                 return -errno;
-        TAKE_FD(fd);
         while ((de = readdir(d)))
-                if (!streq_dot(de->d_name)) {
-                        empty = false;
-                        break;
-                }
-        closedir(d);
-        return empty;
+                if (!streq_dot(de->d_name))
+                        return false;
+        return true;
 }
 
 static int catalog_write_identity(sqlite3 *db) {
