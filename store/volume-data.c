@@ -142,6 +142,22 @@ static int dirty_reserve(DirtyBlock *b, size_t end) {
         return 0;
 }
 
+/* Copies n bytes of b from offset from, zeros where its data ends. */
+static void dirty_copy(const DirtyBlock *b, size_t from, uint8_t *out, size_t n) {
+        size_t have = from < b->capacity ? MIN(n, b->capacity - from) : 0;
+
+        if (have > 0)
+                memcpy(out, b->data + from, have);
+        memset(out + have, 0, n - have);
+}
+
+/* Zeros n bytes of b from offset from; past its data they are zeros
+ * already. */
+static void dirty_zero(DirtyBlock *b, size_t from, size_t n) {
+        if (from < b->capacity)
+                memset(b->data + from, 0, MIN(n, b->capacity - from));
+}
+
 static int dirty_get(Volume *v, const InodeRow *row, uint64_t idx, bool load, DirtyBlock **ret) {
         DirtyBlock *b;
         int r;
@@ -312,8 +328,7 @@ static int flush_ahead_pick(Volume *v, AheadBlock *picked, uint8_t *data, size_t
                                 continue;
                         }
                         picked[n] = (AheadBlock) { .ino = b->ino, .idx = b->idx, .seq = b->seq };
-                        memcpy(data + n * STORE_BLOCK_SIZE, b->data, b->capacity);
-                        memset(data + n * STORE_BLOCK_SIZE + b->capacity, 0, STORE_BLOCK_SIZE - b->capacity);
+                        dirty_copy(b, 0, data + n * STORE_BLOCK_SIZE, STORE_BLOCK_SIZE);
                         n++;
                 }
         v->flush_ahead_retry_usec = youngest ? youngest + FLUSH_AHEAD_AGE_USEC : 0;
@@ -432,13 +447,9 @@ static ssize_t read_plan(Volume *v, uint64_t ino, uint8_t *out, size_t size, uin
                 ReadPiece *p = &pieces[n];
                 bool hole;
 
-                if (b) {
-                        size_t have = in_block < b->capacity ? MIN(k, b->capacity - in_block) : 0;
-
-                        if (have > 0)
-                                memcpy(out + done, b->data + in_block, have);
-                        memset(out + done + have, 0, k - have);
-                } else {
+                if (b)
+                        dirty_copy(b, in_block, out + done, k);
+                else {
                         r = extent_get(v, &row, idx, &p->digest, &p->len, &hole);
                         if (r < 0)
                                 return r;
@@ -680,8 +691,8 @@ static int blocks_zero_range(Volume *v, const InodeRow *row, uint64_t offset, ui
                         DirtyBlock *b;
 
                         r = dirty_get(v, row, idx, true, &b);
-                        if (r >= 0 && in_block < b->capacity)
-                                memset(b->data + in_block, 0, MIN(n, b->capacity - in_block));
+                        if (r >= 0)
+                                dirty_zero(b, in_block, n);
                 }
                 if (r < 0)
                         return r;
@@ -714,15 +725,13 @@ int data_truncate(Volume *v, InodeRow *row, uint64_t size) {
                 if (r < 0)
                         return r;
                 if (size % STORE_BLOCK_SIZE != 0) {
-                        DirtyBlock *b;
-
                         size_t from = (size_t) (size % STORE_BLOCK_SIZE);
+                        DirtyBlock *b;
 
                         r = dirty_get(v, row, size / STORE_BLOCK_SIZE, true, &b);
                         if (r < 0)
                                 return r;
-                        if (from < b->capacity)
-                                memset(b->data + from, 0, b->capacity - from);
+                        dirty_zero(b, from, STORE_BLOCK_SIZE - from);
                 }
                 row->lower_limit = MIN(row->lower_limit, size);
         }
