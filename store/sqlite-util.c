@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 
 #include "alloc-util.h"
@@ -38,9 +39,20 @@ int sqlite_errno(int rc) {
         }
 }
 
+static void sqlite_configure(void) {
+        /* No bulk allocation of 20 cache pages when a connection reads its
+         * first page: filling it in touches every page of it, a fault each,
+         * which short commands paid for pages they never used. Fails
+         * harmlessly when SQLite was initialised before. */
+        (void) sqlite3_config(SQLITE_CONFIG_PAGECACHE, NULL, 0, 0);
+}
+
 int sqlite_open(const char *path, int flags, bool wal, sqlite3 **ret) {
+        static pthread_once_t configured = PTHREAD_ONCE_INIT;
         _cleanup_sqlite_ sqlite3 *db = NULL;
         int rc, r;
+
+        (void) pthread_once(&configured, sqlite_configure);
 
         /* A connection of one thread needs no mutex of SQLite's; one shared by
          * threads asks for SQLITE_OPEN_FULLMUTEX. */
