@@ -14,7 +14,10 @@
  * that uses it is written, and never removed.
  *
  * The lock of the dictionaries is a leaf: nothing else is locked while it
- * is held, so that compression may run under any other lock.
+ * is held, so that compression may run under any other lock. The first
+ * compression after the store is opened reads the dictionary, taking the
+ * catalog's lock: compression runs under the volume's or the packs' lock,
+ * both taken before the catalog's, never the other way round.
  */
 
 #include <errno.h>
@@ -44,8 +47,7 @@ typedef struct LoadedDictionary {
 struct Dictionaries {
         pthread_mutex_t lock;
         ZSTD_CDict *cdict;      /* for compressing; NULL until there is one */
-        void *stored;           /* the store's dictionary, until cdict is made of it */
-        size_t stored_len;
+        bool unread;            /* the catalog has one, not yet read into cdict */
         LoadedDictionary *loaded;
         size_t n_loaded, allocated_loaded;
 
@@ -95,26 +97,31 @@ static int dictionary_read(Store *s, unsigned id, void **ret, size_t *ret_len, u
         return 0;
 }
 
+static int dictionary_exists(Store *s) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT 1 FROM dictionaries LIMIT 1", &st);
+        if (r < 0)
+                return r;
+        return sqlite_step_row(st);
+}
+
 int dictionaries_new(Store *s, struct Dictionaries **ret) {
         _cleanup_free_ struct Dictionaries *d = NULL;
-        _cleanup_free_ void *dict = NULL;
-        size_t len = 0;
         int r;
 
         d = calloc(1, sizeof *d);
         if (!d)
                 return -ENOMEM;
-        r = dictionary_read(s, 0, &dict, &len, NULL);
-        if (r >= 0) {
-                /* Made into a CDict at the first compression: that takes
-                 * milliseconds, and most opens of a store never compress. */
-                d->stored = TAKE_PTR(dict);
-                d->stored_len = len;
-                d->done = true;
-        } else if (r == -EIO)
-                d->done = true; /* damaged: its files give EIO, new ones are compressed alone */
-        else if (r != -ENOENT)
+        /* Read and made into a CDict at the first compression: its pages,
+         * the copy and the CDict cost milliseconds, and most opens of a
+         * store never compress. */
+        r = dictionary_exists(s);
+        if (r < 0)
                 return r;
+        d->unread = d->done = r > 0;
         pthread_mutex_init(&d->lock, NULL);
         *ret = TAKE_PTR(d);
         return 0;
@@ -124,7 +131,6 @@ struct Dictionaries *dictionaries_free(struct Dictionaries *d) {
         if (!d)
                 return NULL;
         ZSTD_freeCDict(d->cdict);
-        free(d->stored);
         for (size_t i = 0; i < d->n_loaded; i++)
                 ZSTD_freeDDict(d->loaded[i].ddict);
         free(d->loaded);
@@ -134,18 +140,49 @@ struct Dictionaries *dictionaries_free(struct Dictionaries *d) {
         return NULL;
 }
 
+/* Reads the stored dictionary into a CDict. Outside the lock, a leaf:
+ * reading takes the catalog's. Two threads may both make one; the first
+ * kept is the one. */
+static ZSTD_CDict *cdict_load(Store *s) {
+        struct Dictionaries *d = s->dicts;
+        _cleanup_free_ void *dict = NULL;
+        ZSTD_CDict *cdict;
+        size_t len = 0;
+        int r;
+
+        r = dictionary_read(s, 0, &dict, &len, NULL);
+        if (r < 0) {
+                /* Damaged: its files give EIO, new ones are compressed
+                 * alone. Anything else, such as no memory: this compression
+                 * goes without it, the next tries again. */
+                if (r == -EIO) {
+                        MUTEX_LOCKED(&d->lock);
+                        d->unread = false;
+                }
+                return NULL;
+        }
+        cdict = ZSTD_createCDict(dict, len, STORE_ZSTD_LEVEL);
+        if (!cdict)
+                return NULL;
+
+        MUTEX_LOCKED(&d->lock);
+        if (d->cdict)
+                ZSTD_freeCDict(cdict);
+        else
+                d->cdict = cdict;
+        d->unread = false;
+        return d->cdict;
+}
+
 const ZSTD_CDict *dictionary_for_compression(Store *s) {
         struct Dictionaries *d = s->dicts;
 
-        MUTEX_LOCKED(&d->lock);
-        if (!d->cdict && d->stored) {
-                /* Without memory, this compression goes without the
-                 * dictionary, and the next tries again. */
-                d->cdict = ZSTD_createCDict(d->stored, d->stored_len, STORE_ZSTD_LEVEL);
-                if (d->cdict)
-                        d->stored = mfree(d->stored);
+        {
+                MUTEX_LOCKED(&d->lock);
+                if (d->cdict || !d->unread)
+                        return d->cdict;
         }
-        return d->cdict;
+        return cdict_load(s);
 }
 
 /* Stores a trained dictionary, unless another process stored one first:

@@ -2,10 +2,11 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """The store's compression dictionary. Once a few MiB of small files were
 written, the store trains a zstd dictionary on them, keeps it in its
-catalog, and compresses the small files written after that with it: they
-take clearly less space than those compressed alone, and read back exactly,
-also from another process. A damaged dictionary is caught: the files that
-need it give EIO, the others still read, and scrub names them."""
+catalog, and compresses the small files written after that with it, also
+in later processes: they take clearly less space than those compressed
+alone, and read back exactly, also from another process. A damaged
+dictionary is caught: the files that need it give EIO, the others still
+read, new files are compressed alone, and scrub names the damaged ones."""
 
 import errno
 import os
@@ -97,9 +98,19 @@ def run():
         t.check(ratio(with_dict) < 0.85 * ratio(alone),
                 f'the dictionary saves too little: {ratio(with_dict):.3f} against {ratio(alone):.3f}')
 
-        # Another process reads them back.
-        with store.mount('main', readonly=True) as m:
+        # Another process reads them back, and compresses new small files
+        # with the dictionary it reads from the catalog.
+        later = {f'later{i:03}.c': source_file(rng, rng.randrange(1500, 4000)) for i in range(40)}
+        with store.mount('main') as m:
             for name, content in files.items():
+                t.check_bytes(t.read_file(m.p(name)), content, name)
+            for name, content in later.items():
+                t.write_file(m.p(name), content)
+            t.fsync_dir(m.p(''))
+        later_ids = {d for name, _, d in inline_rows(store, store.show('main')['top_layer']) if name in later}
+        t.check_equal(later_ids, {dict_id}, 'dictionaries named by files written by the next mount')
+        with store.mount('main', readonly=True) as m:
+            for name, content in later.items():
                 t.check_bytes(t.read_file(m.p(name)), content, name)
         store.run('scrub')
 
@@ -110,11 +121,21 @@ def run():
         db.execute('UPDATE dictionaries SET content = ?', (bytes(content),))
         db.commit()
         db.close()
-        with store.mount('main', readonly=True) as m:
+        # New small files are compressed alone then, and read back.
+        fresh = {f'fresh{i:03}.c': source_file(rng, rng.randrange(1500, 4000)) for i in range(40)}
+        with store.mount('main') as m:
             for name, _ in with_dict[:20]:
                 t.expect_errno(errno.EIO, t.read_file, m.p(name), what=f'read of {name} (damaged dictionary)')
             for name, _ in alone[:20]:
                 t.check_bytes(t.read_file(m.p(name)), files[name], f'{name}, compressed alone')
+            for name, content in fresh.items():
+                t.write_file(m.p(name), content)
+            t.fsync_dir(m.p(''))
+        fresh_ids = {d for name, _, d in inline_rows(store, store.show('main')['top_layer']) if name in fresh}
+        t.check_equal(fresh_ids, {0}, 'dictionaries named by files written after the damage')
+        with store.mount('main', readonly=True) as m:
+            for name, content in fresh.items():
+                t.check_bytes(t.read_file(m.p(name)), content, f'{name}, written after the damage')
         r = store.run('scrub', expect=1)
         for name, _ in with_dict[:20]:
             t.check(f'/{name}\n' in r.output, f'scrub does not name {name}')
