@@ -71,14 +71,14 @@ json_t *api_usage_to_json(const StoreUsage *u) {
                          "metadata_bytes", json_u64(u->metadata_bytes),
                          "blocks", json_u64(u->blocks),
                          "pack_file_bytes", json_u64(u->pack_file_bytes),
-                         "reclaimable_bytes", json_u64(u->reclaimable_bytes),
+                         "reclaimable_bytes", json_u64(u->space.reclaimable_bytes),
                          "subvolumes", json_u64(u->subvolumes),
                          "deleted_subvolumes", json_u64(u->deleted_subvolumes),
                          "layers", json_u64(u->layers),
                          "corruption_events", json_u64(u->corruption_events),
-                         "fs_free_bytes", json_u64(u->fs_free_bytes),
-                         "fs_total_bytes", json_u64(u->fs_total_bytes),
-                         "fs_reserved_bytes", json_u64(u->fs_reserved_bytes));
+                         "fs_free_bytes", json_u64(u->space.fs_free_bytes),
+                         "fs_total_bytes", json_u64(u->space.fs_total_bytes),
+                         "fs_reserved_bytes", json_u64(u->space.fs_reserved_bytes));
 }
 
 static const char *json_type_name(char type) {

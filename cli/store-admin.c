@@ -103,14 +103,14 @@ static const Field usage_total_fields[] = {
         FIELD("Exclusive", "exclusive_bytes", FIELD_BYTES, UsageTotals, exclusive_bytes),
         FIELD("Compression ratio", "compression_ratio", FIELD_RATIO, UsageTotals, ratio),
         FIELD("Pack files", "pack_file_bytes", FIELD_BYTES, UsageTotals, usage.pack_file_bytes),
-        FIELD("Reclaimable", "reclaimable_bytes", FIELD_BYTES, UsageTotals, usage.reclaimable_bytes),
+        FIELD("Reclaimable", "reclaimable_bytes", FIELD_BYTES, UsageTotals, usage.space.reclaimable_bytes),
         FIELD("Data blocks", "blocks", FIELD_U64, UsageTotals, usage.blocks),
         FIELD("Subvolumes", "subvolumes", FIELD_U64, UsageTotals, usage.subvolumes),
         FIELD("Deleted subvolumes", "deleted_subvolumes", FIELD_U64, UsageTotals, usage.deleted_subvolumes),
         FIELD("Layers", "layers", FIELD_U64, UsageTotals, usage.layers),
         FIELD("Corruption events", "corruption_events", FIELD_U64, UsageTotals, usage.corruption_events),
-        FIELD("Host free space", "fs_free_bytes", FIELD_BYTES, UsageTotals, usage.fs_free_bytes),
-        FIELD("Host file system size", "fs_total_bytes", FIELD_BYTES, UsageTotals, usage.fs_total_bytes),
+        FIELD("Host free space", "fs_free_bytes", FIELD_BYTES, UsageTotals, usage.space.fs_free_bytes),
+        FIELD("Host file system size", "fs_total_bytes", FIELD_BYTES, UsageTotals, usage.space.fs_total_bytes),
         {}
 };
 

@@ -129,7 +129,7 @@ static int method_get_status(sd_bus_message *message, void *userdata, sd_bus_err
                            "usage", api_usage_to_json(&usage),
                            "reaper", "paused", reaper.paused,
                            "rate_bytes_per_sec", (json_int_t) reaper.rate_bytes_per_sec,
-                           "backlog_bytes", (json_int_t) usage.reclaimable_bytes,
+                           "backlog_bytes", (json_int_t) usage.space.reclaimable_bytes,
                            "low_mark_percent", (int) m->low_mark, "high_mark_percent", (int) m->high_mark,
                            "urgent", m->urgent,
                            "jobs", jobs);

@@ -62,10 +62,10 @@ void manager_reap_soon(Manager *m) {
 }
 
 void manager_recover(Manager *m) {
-        StoreUsage usage;
+        StoreSpace space;
 
         if (image_remove_stale_receives(m->store) > 0 ||
-            (store_usage(m->store, &usage) >= 0 && usage.reclaimable_bytes > 0))
+            (store_space(m->store, &space) >= 0 && space.reclaimable_bytes > 0))
                 manager_reap_soon(m);
 }
 
@@ -159,7 +159,7 @@ void manager_job_finished(Manager *m, Job *j) {
  * bound comes back. */
 static void watch_space(Manager *m) {
         StoreReaperSettings settings;
-        StoreUsage u;
+        StoreSpace u;
         unsigned free_percent;
 
         if (m->recover_ticks > 0) {
@@ -168,7 +168,7 @@ static void watch_space(Manager *m) {
                         manager_reap_soon(m);
         }
 
-        if (store_usage(m->store, &u) < 0 || u.fs_total_bytes == 0 ||
+        if (store_space(m->store, &u) < 0 || u.fs_total_bytes == 0 ||
             store_reaper_settings(m->store, &settings) < 0)
                 return;
         free_percent = (unsigned) (u.fs_free_bytes * 100 / u.fs_total_bytes);

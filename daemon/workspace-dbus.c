@@ -289,10 +289,10 @@ static int on_watch(sd_event_source *s, uint64_t usec, void *userdata) {
         Manager *m = userdata;
         int r;
 
-        StoreUsage u = {};
+        StoreSpace u = {};
         bool disk_full = false;
 
-        if (m->workspaces.list && store_usage(m->store, &u) >= 0)
+        if (m->workspaces.list && store_space(m->store, &u) >= 0)
                 disk_full = u.fs_free_bytes <= u.fs_reserved_bytes + (1u << 20);
         for (Workspace *ws = m->workspaces.list; ws; ws = ws->next)
                 watch_one(m, ws, disk_full, u.fs_free_bytes);

@@ -869,24 +869,25 @@ static bool process_alive(pid_t pid) {
 }
 
 int image_remove_stale_receives(Store *s) {
-        StoreSubvolumeInfo *infos = NULL;
-        size_t n = 0;
+        _cleanup_strv_free_ char **names = NULL;
         int r, removed = 0;
 
-        r = store_subvolume_list(s, &infos, &n);
+        /* Names only: the daemon asks every few seconds after it starts,
+         * and a store may hold thousands of subvolumes. */
+        r = store_subvolume_names(s, &names);
         if (r < 0)
                 return r;
-        for (size_t i = 0; i < n; i++) {
+        for (char **name = names; *name; name++) {
                 long pid;
 
-                if (!startswith(infos[i].name, IMAGE_RECEIVING_PREFIX) || infos[i].mounted_by != 0)
+                if (!startswith(*name, IMAGE_RECEIVING_PREFIX))
                         continue;
-                pid = strtol(infos[i].name + strlen(IMAGE_RECEIVING_PREFIX), NULL, 10);
+                pid = strtol(*name + strlen(IMAGE_RECEIVING_PREFIX), NULL, 10);
                 if (pid > 0 && process_alive((pid_t) pid))
                         continue;
-                if (store_subvolume_delete(s, infos[i].name, NULL) >= 0)
+                /* One still mounted stays: its lock is taken, the delete fails. */
+                if (store_subvolume_delete(s, *name, NULL) >= 0)
                         removed++;
         }
-        store_subvolume_info_array_free(infos, n);
         return removed;
 }

@@ -175,6 +175,34 @@ int catalog_find_subvolume_by_uuid(Store *s, const char *uuid, bool received, Su
                               uuid, 0, ret);
 }
 
+int catalog_subvolume_names(Store *s, char ***ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_strv_free_ char **names = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        if (!GREEDY_REALLOC(names, allocated, 1))
+                return -ENOMEM;
+        names[0] = NULL;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT name FROM subvolumes WHERE deleted = 0 ORDER BY name", &st);
+        if (r < 0)
+                return r;
+        while ((r = sqlite_step_row(st)) > 0) {
+                if (!GREEDY_REALLOC(names, allocated, n + 2))
+                        return -ENOMEM;
+                names[n] = strdup((const char *) sqlite3_column_text(st, 0));
+                if (!names[n])
+                        return -ENOMEM;
+                names[++n] = NULL;
+        }
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(names);
+        return 0;
+}
+
 int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         SubvolumeRecord *recs = NULL;
@@ -565,17 +593,19 @@ int catalog_live_layers(Store *s, uint64_t **ret_ids, size_t *ret_n) {
         return sqlite_collect_ids(st, ret_ids, ret_n);
 }
 
+/* Each live subvolume with each layer of its stack. */
+#define STACKS_CTE                                                                                     \
+        "WITH RECURSIVE chain(sub, layer) AS ("                                                        \
+        "  SELECT id, top_layer FROM subvolumes WHERE deleted = 0"                                     \
+        "  UNION SELECT chain.sub, layers.parent FROM chain JOIN layers ON layers.id = chain.layer"    \
+        "  WHERE layers.parent IS NOT NULL) "
+
 int catalog_layer_users(Store *s, uint64_t layer, int64_t *ret) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         int r;
 
         CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog,
-                           "WITH RECURSIVE chain(sub, layer) AS ("
-                           "  SELECT id, top_layer FROM subvolumes WHERE deleted = 0"
-                           "  UNION SELECT chain.sub, layers.parent FROM chain JOIN layers ON layers.id = chain.layer"
-                           "  WHERE layers.parent IS NOT NULL) "
-                           "SELECT count(DISTINCT sub) FROM chain WHERE layer = ?1", &st);
+        r = sqlite_prepare(s->catalog, STACKS_CTE "SELECT count(DISTINCT sub) FROM chain WHERE layer = ?1", &st);
         if (r < 0)
                 return r;
         sqlite3_bind_int64(st, 1, (sqlite3_int64) layer);
@@ -583,6 +613,33 @@ int catalog_layer_users(Store *s, uint64_t layer, int64_t *ret) {
         if (r < 0)
                 return r;
         *ret = r > 0 ? sqlite3_column_int64(st, 0) : 0;
+        return 0;
+}
+
+int catalog_all_layer_users(Store *s, LayerUsers **ret, size_t *ret_n) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_free_ LayerUsers *rows = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog,
+                           STACKS_CTE "SELECT layer, count(DISTINCT sub) FROM chain GROUP BY layer ORDER BY layer",
+                           &st);
+        if (r < 0)
+                return r;
+        while ((r = sqlite_step_row(st)) > 0) {
+                if (!GREEDY_REALLOC(rows, allocated, n + 1))
+                        return -ENOMEM;
+                rows[n++] = (LayerUsers) {
+                        .layer = (uint64_t) sqlite3_column_int64(st, 0),
+                        .users = sqlite3_column_int64(st, 1),
+                };
+        }
+        if (r < 0)
+                return r;
+        *ret = TAKE_PTR(rows);
+        *ret_n = n;
         return 0;
 }
 

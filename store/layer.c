@@ -447,21 +447,6 @@ int layer_seal(Store *s, uint64_t id) {
         return set_journal_delete(db);
 }
 
-int layer_stack_counters(Store *s, const uint64_t *ids, size_t n, LayerCounters *ret) {
-        for (size_t i = 0; i < n; i++) {
-                _cleanup_sqlite_ sqlite3 *db = NULL;
-                int r;
-
-                r = layer_open(s, ids[i], LAYER_READ, &db);
-                if (r == -ENOENT)
-                        continue;
-                if (r < 0)
-                        return r;
-                return layer_read_counters(db, ret);
-        }
-        return -EUCLEAN; /* every stack has a bottom layer with a root */
-}
-
 int layer_unlink(Store *s, uint64_t id) {
         int r = 0;
 

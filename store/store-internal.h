@@ -156,9 +156,17 @@ int catalog_id_known(Store *s, const char *table, uint64_t id);
 int catalog_live_layers(Store *s, uint64_t **ret_ids, size_t *ret_n);
 int catalog_dead_layers(Store *s, uint64_t **ret_ids, size_t *ret_n);
 
-/* Live subvolumes whose stacks include the layer. */
+/* Live subvolumes whose stacks include the layer; for every layer a live
+ * subvolume reaches at once, sorted by layer: asking layer by layer walks
+ * every stack each time. */
+typedef struct LayerUsers {
+        uint64_t layer;
+        int64_t users;
+} LayerUsers;
 int catalog_layer_users(Store *s, uint64_t layer, int64_t *ret);
+int catalog_all_layer_users(Store *s, LayerUsers **ret, size_t *ret_n);
 int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n);
+int catalog_subvolume_names(Store *s, char ***ret);
 int catalog_block_totals(Store *s, uint64_t *ret_blocks, uint64_t *ret_bytes);
 int catalog_metadata_bytes(Store *s, uint64_t *ret_bytes, uint64_t *ret_layers);
 
@@ -195,8 +203,6 @@ int layer_exists(Store *s, uint64_t id);
 int layer_seal(Store *s, uint64_t id);
 int layer_read_counters(sqlite3 *db, LayerCounters *ret);
 int layer_write_counters(sqlite3 *db, const LayerCounters *c);
-/* Counters of the nearest layer of the stack that has a database. */
-int layer_stack_counters(Store *s, const uint64_t *ids, size_t n, LayerCounters *ret);
 int layer_unlink(Store *s, uint64_t id);
 uint64_t layer_file_bytes(Store *s, uint64_t id);
 

@@ -520,7 +520,8 @@ int store_subvolume_set_quota(Store *s, const char *name, uint64_t bytes) {
         return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
 }
 
-static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, StoreSubvolumeInfo *ret);
+static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const LayerUsers *all_users, size_t n_users,
+                                      StoreSubvolumeInfo *ret);
 
 int store_subvolume_set_readonly(Store *s, const char *name, bool readonly) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
@@ -601,13 +602,33 @@ int store_subvolume_find_uuid(Store *s, const char *uuid, StoreSubvolumeInfo *re
                 r = catalog_find_subvolume_by_uuid(s, uuid, false, &rec);
         if (r < 0)
                 return r;
-        return subvolume_info_from_record(s, &rec, ret);
+        return subvolume_info_from_record(s, &rec, NULL, 0, ret);
 }
 
-/* Fills the space figures of one subvolume from its layers. */
-static int subvolume_fill_space(Store *s, StoreSubvolumeInfo *info) {
+static int layer_users_compare(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *) a, y = ((const LayerUsers *) b)->layer;
+
+        return x < y ? -1 : x > y;
+}
+
+/* From the table of all layers' users if there is one, else asked. */
+static int layer_users(Store *s, uint64_t layer, const LayerUsers *all_users, size_t n_users, int64_t *ret) {
+        const LayerUsers *u;
+
+        if (!all_users)
+                return catalog_layer_users(s, layer, ret);
+        u = bsearch(&layer, all_users, n_users, sizeof *all_users, layer_users_compare);
+        *ret = u ? u->users : 0;
+        return 0;
+}
+
+/* Fills the space figures of one subvolume from its layers, each opened
+ * once: all but a writable subvolume's top are frozen and read as they
+ * are, without the journal files and locks of a connection that could
+ * write. */
+static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_users, StoreSubvolumeInfo *info) {
         _cleanup_free_ uint64_t *ids = NULL;
-        LayerCounters c = {};
+        bool counted = false;
         size_t n = 0;
         int r;
 
@@ -616,37 +637,39 @@ static int subvolume_fill_space(Store *s, StoreSubvolumeInfo *info) {
                 return r;
         info->depth = (unsigned) n;
 
-        r = layer_stack_counters(s, ids, n, &c);
-        if (r < 0)
-                return r;
-        info->logical_bytes = c.logical_bytes;
-        info->inodes = c.inodes;
-
         for (size_t i = 0; i < n; i++) {
+                LayerOpenMode mode = i == 0 && !info->readonly ? LAYER_READ : LAYER_READ_FROZEN;
                 _cleanup_sqlite_ sqlite3 *db = NULL;
                 LayerCounters lc = {};
                 int64_t users = 0;
 
-                r = layer_open(s, ids[i], LAYER_READ, &db);
+                r = layer_open(s, ids[i], mode, &db);
                 if (r == -ENOENT)
-                        continue;
+                        continue; /* a top layer not made yet */
                 if (r < 0)
                         return r;
                 r = layer_read_counters(db, &lc);
                 if (r < 0)
                         return r;
+                /* The files and bytes are the topmost database's. */
+                if (!counted) {
+                        info->logical_bytes = lc.logical_bytes;
+                        info->inodes = lc.inodes;
+                        counted = true;
+                }
                 info->referenced_bytes += lc.stored_bytes;
 
-                r = catalog_layer_users(s, ids[i], &users);
+                r = layer_users(s, ids[i], all_users, n_users, &users);
                 if (r < 0)
                         return r;
                 if (users <= 1)
                         info->exclusive_bytes += lc.stored_bytes;
         }
-        return 0;
+        return counted ? 0 : -EUCLEAN; /* every stack has a bottom layer with a root */
 }
 
-static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, StoreSubvolumeInfo *ret) {
+static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const LayerUsers *all_users, size_t n_users,
+                                      StoreSubvolumeInfo *ret) {
         pid_t holder = 0;
         int r;
 
@@ -667,7 +690,7 @@ static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, StoreSubvo
         if (subvolume_lock_holder(s, rec->id, &holder) > 0)
                 ret->mounted_by = holder;
 
-        r = subvolume_fill_space(s, ret);
+        r = subvolume_fill_space(s, all_users, n_users, ret);
         if (r < 0) {
                 store_subvolume_info_clear(ret);
                 return r;
@@ -684,18 +707,26 @@ int store_subvolume_show(Store *s, const char *name, StoreSubvolumeInfo *ret) {
         r = catalog_find_subvolume(s, name, &rec);
         if (r < 0)
                 return r;
-        return subvolume_info_from_record(s, &rec, ret);
+        return subvolume_info_from_record(s, &rec, NULL, 0, ret);
+}
+
+int store_subvolume_names(Store *s, char ***ret) {
+        return catalog_subvolume_names(s, ret);
 }
 
 int store_subvolume_list(Store *s, StoreSubvolumeInfo **ret, size_t *ret_n) {
         _cleanup_free_ SubvolumeRecord *recs = NULL;
+        _cleanup_free_ LayerUsers *users = NULL;
         StoreSubvolumeInfo *infos = NULL;
-        size_t n = 0;
+        size_t n = 0, n_users = 0;
         int r;
 
         r = catalog_list_subvolumes(s, &recs, &n);
         if (r < 0)
                 return r;
+        r = catalog_all_layer_users(s, &users, &n_users);
+        if (r < 0)
+                goto finish;
 
         infos = calloc(MAX(n, 1u), sizeof *infos);
         if (!infos) {
@@ -703,7 +734,7 @@ int store_subvolume_list(Store *s, StoreSubvolumeInfo **ret, size_t *ret_n) {
                 goto finish;
         }
         for (size_t i = 0; i < n; i++) {
-                r = subvolume_info_from_record(s, &recs[i], &infos[i]);
+                r = subvolume_info_from_record(s, &recs[i], users, n_users, &infos[i]);
                 if (r < 0) {
                         store_subvolume_info_array_free(infos, i);
                         infos = NULL;
@@ -719,11 +750,41 @@ finish:
         return r;
 }
 
-int store_usage(Store *s, StoreUsage *ret) {
+int store_space(Store *s, StoreSpace *ret) {
         _cleanup_free_ uint64_t *dead = NULL;
-        StoreSubvolumeInfo *infos = NULL;
         struct statvfs sv;
-        size_t n = 0, n_dead = 0;
+        size_t n_dead = 0;
+        int r;
+
+        *ret = (StoreSpace) {};
+
+        r = catalog_dead_layers(s, &dead, &n_dead);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n_dead; i++) {
+                _cleanup_sqlite_ sqlite3 *db = NULL;
+                LayerCounters lc = {};
+
+                /* Nobody writes a deleted subvolume's layers: read as they
+                 * are (a WAL a crash left is read through). */
+                if (layer_open(s, dead[i], LAYER_READ_FROZEN, &db) < 0)
+                        continue;
+                if (layer_read_counters(db, &lc) >= 0)
+                        ret->reclaimable_bytes += lc.stored_bytes;
+                ret->reclaimable_bytes += layer_file_bytes(s, dead[i]);
+        }
+
+        if (fstatvfs(s->dir_fd, &sv) >= 0) {
+                ret->fs_free_bytes = (uint64_t) sv.f_bavail * sv.f_frsize;
+                ret->fs_total_bytes = (uint64_t) sv.f_blocks * sv.f_frsize;
+                ret->fs_reserved_bytes = space_margin_of(ret->fs_total_bytes);
+        }
+        return 0;
+}
+
+int store_usage(Store *s, StoreUsage *ret) {
+        StoreSubvolumeInfo *infos = NULL;
+        size_t n = 0;
         int64_t v;
         int r;
 
@@ -746,19 +807,9 @@ int store_usage(Store *s, StoreUsage *ret) {
         ret->stored_bytes = ret->data_bytes + ret->metadata_bytes;
         ret->pack_file_bytes = packs_disk_bytes(s);
 
-        r = catalog_dead_layers(s, &dead, &n_dead);
+        r = store_space(s, &ret->space);
         if (r < 0)
                 return r;
-        for (size_t i = 0; i < n_dead; i++) {
-                _cleanup_sqlite_ sqlite3 *db = NULL;
-                LayerCounters lc = {};
-
-                if (layer_open(s, dead[i], LAYER_READ, &db) < 0)
-                        continue;
-                if (layer_read_counters(db, &lc) >= 0)
-                        ret->reclaimable_bytes += lc.stored_bytes;
-                ret->reclaimable_bytes += layer_file_bytes(s, dead[i]);
-        }
 
         v = 0;
         {
@@ -773,11 +824,5 @@ int store_usage(Store *s, StoreUsage *ret) {
                         return r;
         }
         ret->corruption_events = (uint64_t) v;
-
-        if (fstatvfs(s->dir_fd, &sv) >= 0) {
-                ret->fs_free_bytes = (uint64_t) sv.f_bavail * sv.f_frsize;
-                ret->fs_total_bytes = (uint64_t) sv.f_blocks * sv.f_frsize;
-                ret->fs_reserved_bytes = space_margin_of(ret->fs_total_bytes);
-        }
         return 0;
 }

@@ -110,8 +110,12 @@ int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder);
  * fail, with EDQUOT. */
 int store_subvolume_set_quota(Store *s, const char *name, uint64_t bytes);
 
+/* Everything known about each live subvolume, its space included: reads
+ * the layers of every one. */
 int store_subvolume_list(Store *s, StoreSubvolumeInfo **ret, size_t *ret_n);
 int store_subvolume_show(Store *s, const char *name, StoreSubvolumeInfo *ret);
+/* Only the names of the live subvolumes, sorted: a NULL-terminated array. */
+int store_subvolume_names(Store *s, char ***ret);
 
 /* Makes a subvolume read-only (its top layer is frozen) or writable again.
  * -EBUSY if it is mounted. */
@@ -127,7 +131,20 @@ int store_subvolume_set_received(Store *s, const char *name, const char *receive
  * UUID, then the one that has it as its own. -ENOENT if none. */
 int store_subvolume_find_uuid(Store *s, const char *uuid, StoreSubvolumeInfo *ret);
 
-/* Space of the whole store. */
+/* The host's free space under the store, and what the next reap gives
+ * back: cheap enough to ask every few seconds, whatever the number of
+ * subvolumes (it looks at deleted ones only). */
+typedef struct StoreSpace {
+        uint64_t reclaimable_bytes; /* held by deleted subvolumes, freed by the next reap */
+        uint64_t fs_free_bytes;     /* free space of the host file system under the store */
+        uint64_t fs_total_bytes;
+        uint64_t fs_reserved_bytes; /* kept back for metadata and cleanup: data writes get
+                                     * ENOSPC once the free space falls to it */
+} StoreSpace;
+
+int store_space(Store *s, StoreSpace *ret);
+
+/* Space of the whole store: reads every live subvolume's layers. */
 typedef struct StoreUsage {
         uint64_t logical_bytes;     /* sum over live subvolumes */
         uint64_t stored_bytes;      /* bytes of live blocks in packs, plus layer metadata */
@@ -135,15 +152,11 @@ typedef struct StoreUsage {
         uint64_t metadata_bytes;    /* of which layer and catalog databases */
         uint64_t blocks;            /* live data blocks */
         uint64_t pack_file_bytes;   /* bytes the pack files occupy on disk */
-        uint64_t reclaimable_bytes; /* held by deleted subvolumes, freed by the next reap */
         uint64_t subvolumes;
         uint64_t deleted_subvolumes;
         uint64_t layers;
         uint64_t corruption_events; /* checksum mismatches seen by reads and scrubs */
-        uint64_t fs_free_bytes;     /* free space of the host file system under the store */
-        uint64_t fs_total_bytes;
-        uint64_t fs_reserved_bytes; /* kept back for metadata and cleanup: data writes get
-                                     * ENOSPC once the free space falls to it */
+        StoreSpace space;
 } StoreUsage;
 
 int store_usage(Store *s, StoreUsage *ret);

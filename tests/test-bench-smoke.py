@@ -50,7 +50,8 @@ def benchmarks(root, tool, build, scratch):
           r'^stream sizes: ']),
         ('daemon-cycles',
          [os.path.join(bench, 'daemon-cycles'), '--smoke', '--build', build, '--dir', scratch],
-         [r'^operation +median +worst +per second', r'^cowbox run ', r'^cowbox workspace ']),
+         [r'^operation +median +worst +per second', r'^cowbox run ', r'^cowbox snapshot ', r'^cowbox rm ',
+          r'^cowbox workspace ', r'^target: cowbox snapshot <= 10 ms: (met|MISSED by)']),
     ]
 
 

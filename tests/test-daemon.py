@@ -10,10 +10,12 @@ unprivileged user may list and inspect but is refused every change, by the
 bus policy and by the daemon itself; a member of the cowbox group may
 change things."""
 
+import ctypes
 import json
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -24,6 +26,43 @@ import cowbox_test as t  # noqa: E402
 import daemon_test as d  # noqa: E402
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fuzz-corpus')
+MANY_SUBVOLUMES = 150
+IN_OPEN = 0x20
+IN_CREATE = 0x100
+LAYER_FILE = re.compile(r'^(\d+)\.db(-wal|-shm|-journal)?$')
+
+
+class LayerWatch:
+    """The layer files opened and created in a store's layers directory,
+    seen through inotify."""
+
+    def __init__(self, store):
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            t.fail(f'inotify_init1: {os.strerror(ctypes.get_errno())}')
+        path = os.path.join(store.path, 'layers').encode()
+        if self.libc.inotify_add_watch(self.fd, path, IN_OPEN | IN_CREATE) < 0:
+            t.fail(f'inotify_add_watch: {os.strerror(ctypes.get_errno())}')
+
+    def events(self):
+        """(mask, file name) of the layer files touched since the last call."""
+        seen = []
+        while True:
+            try:
+                buf = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return seen
+            i = 0
+            while i < len(buf):
+                _, mask, _, length = struct.unpack_from('iIII', buf, i)
+                name = buf[i + 16:i + 16 + length].rstrip(b'\0').decode()
+                if LAYER_FILE.match(name):
+                    seen.append((mask, name))
+                i += 16 + length
+
+    def close(self):
+        os.close(self.fd)
 
 
 def check_standard_clients(bus, store):
@@ -252,6 +291,53 @@ def check_daemon_refuses(store, nobody):
         t.check('x' not in d.names(bus), 'nothing was created by the refused calls')
 
 
+def check_many_subvolumes(store):
+    """A build farm's store holds many subvolumes: the daemon must not read
+    them all while it waits (every few seconds it watches the free space),
+    a listing reads each layer once and frozen ones without journal files,
+    and the listing's figures are those that show gives one by one."""
+    store.create('scale-work')
+    with store.mount('scale-work') as m:
+        t.write_file(m.p('base.c'), b'int base;\n' * 4096)
+    store.snapshot('scale-work', 'scale-image', readonly=True)
+    for i in range(MANY_SUBVOLUMES):
+        store.snapshot('scale-image', f'scale{i:03}')
+    with store.mount('scale007') as m:
+        t.write_file(m.p('patch.c'), b'int patch;\n' * 8192)
+    store.run('reap', '--wait')
+    shown = {s['name']: s for s in store.list()}
+    writable_tops = {str(s['top_layer']) for s in shown.values() if not s['readonly']}
+
+    with d.bus_and_daemon(store) as (bus, daemon):
+        watch = LayerWatch(store)
+        try:
+            # Two rounds of the daemon's watch of the free space, and of
+            # its look for receives a crash left, which runs after a start.
+            time.sleep(5)
+            idle = watch.events()
+            t.check_equal(idle, [], f'layer files the daemon opened while idle with {len(shown)} subvolumes')
+
+            listed = json.loads(d.cowbox(bus, '--json', 'list').out)
+            created = {LAYER_FILE.match(name).group(1) for mask, name in watch.events() if mask & IN_CREATE}
+            t.check(created <= writable_tops,
+                    f'cowbox list made journal files for frozen layers {sorted(created - writable_tops)}')
+        finally:
+            watch.close()
+
+        t.check_equal(len(listed), len(shown), 'subvolumes listed')
+        for entry in listed:
+            if entry['name'] in ('scale-work', 'scale-image', 'scale000', 'scale007', 'base'):
+                one = json.loads(d.cowbox(bus, '--json', 'show', entry['name']).out)
+                t.check_equal(entry, one, f'cowbox list and cowbox show of {entry["name"]}')
+        by_name = {e['name']: e for e in listed}
+        t.check(by_name['scale007']['exclusive_bytes'] > by_name['scale000']['exclusive_bytes'],
+                f'the written snapshot holds bytes of its own: {by_name["scale007"]} against {by_name["scale000"]}')
+
+        for name in ['scale-work', 'scale-image'] + [f'scale{i:03}' for i in range(MANY_SUBVOLUMES)]:
+            store.delete(name, reap=False)
+        store.run('reap', '--wait')
+
+
 def run():
     d.require_dbus()
     t.require_program('setpriv')
@@ -266,6 +352,7 @@ def run():
             nobody = check_access(bus, store)
         check_daemon_refuses(store, nobody)
         check_reaper_marks(store)
+        check_many_subvolumes(store)
 
         # Everything goes; the reaper gives the space back.
         with d.bus_and_daemon(store) as (bus, daemon):
