@@ -195,11 +195,25 @@ static int new_layer_row(Store *s, uint64_t parent, uint64_t *ret) {
         return 0;
 }
 
-/* Builds M's database: a copy of the lower layer with the upper applied. */
+/* Builds M's database: a copy of the lower layer with the upper applied,
+ * or the upper alone. Where neither was ever written, M is not either: a
+ * layer without a database holds nothing and reads the counters of the
+ * layers below it, which a database made here would hide behind those of
+ * an empty store (next_ino 2: the next file made would take the inode
+ * number of one below). */
 static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
         _cleanup_free_ char *lower_path = NULL, *upper_path = NULL, *path = NULL, *tmp = NULL;
         _cleanup_sqlite_ sqlite3 *db = NULL;
-        int r;
+        int lower_exists, upper_exists, r;
+
+        lower_exists = layer_exists(s, fc->lower);
+        if (lower_exists < 0)
+                return lower_exists;
+        upper_exists = layer_exists(s, fc->upper);
+        if (upper_exists < 0)
+                return upper_exists;
+        if (!lower_exists && !upper_exists)
+                return 0;
 
         r = layer_path(s, fc->lower, &lower_path);
         if (r >= 0)
@@ -211,7 +225,7 @@ static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
         if (asprintf(&tmp, "%s.new", path) < 0)
                 return -ENOMEM;
 
-        if (layer_exists(s, fc->lower) > 0) {
+        if (lower_exists) {
                 r = copy_file(lower_path, tmp);
                 if (r < 0)
                         return r;
@@ -219,6 +233,7 @@ static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
                         return -errno;
                 r = layer_open(s, merged, LAYER_WRITE, &db);
         } else {
+                /* The upper's counters replace these: it has a database. */
                 LayerCounters c = { .next_ino = 2 };
 
                 r = layer_create(s, merged, &c, false, &db);
@@ -226,7 +241,7 @@ static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
         if (r < 0)
                 return r;
 
-        if (layer_exists(s, fc->upper) > 0) {
+        if (upper_exists) {
                 r = apply_upper(db, upper_path, fc->parent == 0);
                 if (r < 0)
                         return r;
