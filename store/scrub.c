@@ -677,6 +677,52 @@ static int check_layer_blocks(Fsck *f, uint64_t id) {
         return r;
 }
 
+/* The next inode number the subvolume hands out must be above every one it
+ * has: else a new file takes the number, and the rows, of an old one. (A
+ * fold of two never-written layers once left the counters of an empty
+ * subvolume on top.) Repaired on the topmost layer that has a database,
+ * the one whose counters are read. */
+static int check_next_ino(Fsck *f, const SubvolumeRecord *rec, const Stack *st) {
+        sqlite3 *top = NULL;
+        LayerCounters c;
+        uint64_t highest = 0;
+        bool fixed = false;
+        int r;
+
+        for (size_t i = 0; i < st->n; i++) {
+                int64_t v = 0;
+
+                if (!st->dbs[i])
+                        continue;
+                if (!top)
+                        top = st->dbs[i];
+                r = sqlite_query_int(st->dbs[i], "SELECT coalesce(max(ino), 0) FROM inodes", &v);
+                if (r < 0)
+                        return r;
+                highest = MAX(highest, (uint64_t) v);
+        }
+        if (!top)
+                return 0;       /* a broken stack: reported by the caller */
+        r = layer_read_counters(top, &c);
+        if (r == -EIO)
+                return 0;       /* a damaged record: the checksum count reports it */
+        if (r < 0)
+                return r;
+        if (c.next_ino > highest)
+                return 0;
+
+        if (f->repair) {
+                uint64_t was = c.next_ino;
+
+                c.next_ino = highest + 1;
+                fixed = layer_write_counters(top, &c) >= 0;
+                c.next_ino = was;
+        }
+        problem(f, fixed, "subvolume '%s': the next inode number, %" PRIu64 ", is taken (its inodes go up to %" PRIu64
+                "): a new file would take the place of an existing one", rec->name, c.next_ino, highest);
+        return 0;
+}
+
 /* Every visible entry of the subvolume names an inode that exists. */
 static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
         _cleanup_(stack_done) Stack st = {};
@@ -698,6 +744,12 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
                         free(layers.ids);
                         return 0;
                 }
+
+        r = check_next_ino(f, rec, &st);
+        if (r < 0) {
+                free(layers.ids);
+                return r;
+        }
 
         for (size_t i = 0; r >= 0 && i < st.n; i++) {
                 _cleanup_stmt_ sqlite3_stmt *q = NULL;

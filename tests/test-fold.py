@@ -3,7 +3,8 @@
 """The reaper folds a layer that has a single child into that child. A fold
 changes nothing a user can see: every live subvolume keeps its files, their
 contents and inode numbers, and its figures (logical bytes, inodes), and
-the files made after it take inode numbers nobody has. Among the folds:
+the files made after it take inode numbers nobody has; fsck finds a subvolume whose next inode
+number is taken, and repairs it. Among the folds:
 layers that were never written (a snapshot freezes the origin's top even
 when it is still empty), above a layer that a live snapshot shares. (A
 fold of two such layers made a database with the counters of an empty
@@ -12,6 +13,7 @@ and with it the content of the file that had it.)"""
 
 import hashlib
 import os
+import sqlite3
 import sys
 
 sys.dont_write_bytecode = True
@@ -111,11 +113,35 @@ def test_written_between():
         check_new_inodes(store, 's1', state(store), 'written and unwritten layers')
 
 
+def test_fsck_next_ino():
+    """A store where the bug struck: the counters of an empty subvolume on
+    top of one with files (copied with their valid record checks)."""
+    with t.Store('fold-fsck') as store:
+        store.create('x')
+        write_files(store, 'x', 'f', 5, 60)
+        store.create('empty')
+        layers = os.path.join(store.path, 'layers')
+        db = sqlite3.connect(os.path.join(layers, f"{store.show('x')['top_layer']}.db"))
+        db.execute('ATTACH ? AS empty', (os.path.join(layers, f"{store.show('empty')['top_layer']}.db"),))
+        db.execute('DELETE FROM main.info')
+        db.execute('INSERT INTO main.info SELECT * FROM empty.info')
+        db.commit()
+        db.close()
+
+        r = store.run('fsck', expect=1)
+        t.check("subvolume 'x': the next inode number, 2, is taken" in r.out, f'fsck of the damage:\n{r.describe()}')
+        r = store.run('fsck', '--repair')
+        t.check('(repaired)' in r.out, f'fsck --repair:\n{r.describe()}')
+        store.fsck()
+        check_new_inodes(store, 'x', state(store), 'after the repair')
+
+
 def run():
     t.require_fuse()
     sub = t.Subtests()
     sub.run('never-written layers above a shared one', test_unwritten_above_shared)
     sub.run('written layers between snapshots', test_written_between)
+    sub.run('fsck repairs a next inode number that is taken', test_fsck_next_ino)
     sub.check()
 
 
