@@ -9,10 +9,18 @@ layers that were never written (a snapshot freezes the origin's top even
 when it is still empty), above a layer that a live snapshot shares. (A
 fold of two such layers made a database with the counters of an empty
 subvolume: the origin showed 0 inodes, and its next new file took inode 2
-and with it the content of the file that had it.)"""
+and with it the content of the file that had it.) Last, seeded random
+sequences of writes, snapshots, deletes and reaps, checked against a model
+after every reap.
+
+  COWBOX_FOLD_SEED=N        replay one seed (printed by every run)
+  COWBOX_FOLD_SEEDS=N       how many seeds (default 2)
+  COWBOX_FOLD_STEPS=N       operations per seed (default 60)
+"""
 
 import hashlib
 import os
+import random
 import sqlite3
 import sys
 
@@ -136,12 +144,134 @@ def test_fsck_next_ino():
         check_new_inodes(store, 'x', state(store), 'after the repair')
 
 
+MAX_SUBVOLUMES = 6
+
+
+class Model:
+    """What each live subvolume must hold: flat files, name -> content."""
+
+    def __init__(self, rng):
+        self.rng = rng
+        self.subvolumes = {}        # name -> (readonly, {file: content})
+        self.made = 0
+        self.log = []
+
+    def new_name(self):
+        self.made += 1
+        return f'v{self.made}'
+
+
+def random_write(store, model, name):
+    readonly, files = model.subvolumes[name]
+    rng = model.rng
+    changes = []
+    with store.mount(name) as m:
+        for _ in range(rng.randrange(1, 4)):
+            kind = rng.choice(['new', 'new', 'overwrite', 'remove']) if files else 'new'
+            if kind == 'new':
+                fname = f'f{model.made}-{rng.randrange(1 << 30)}'
+                files[fname] = t.random_bytes(rng.choice([10, 300, 5000, 70000]), rng.randrange(1 << 30))
+                t.write_file(m.p(fname), files[fname])
+            elif kind == 'overwrite':
+                fname = rng.choice(sorted(files))
+                files[fname] = t.random_bytes(rng.choice([0, 20, 4096, 100000]), rng.randrange(1 << 30))
+                t.write_file(m.p(fname), files[fname])
+            else:
+                fname = rng.choice(sorted(files))
+                os.unlink(m.p(fname))
+                del files[fname]
+            changes.append(f'{kind} {fname}')
+        t.fsync_dir(m.p(''))
+    return ', '.join(changes)
+
+
+def verify(store, model, what):
+    listed = {s['name']: s for s in store.list()}
+    t.check_equal(sorted(listed), sorted(model.subvolumes), f'{what}: subvolumes')
+    for name, (_, files) in model.subvolumes.items():
+        info = listed[name]
+        t.check_equal((info['inodes'], info['logical_bytes']),
+                      (len(files) + 1, sum(len(c) for c in files.values())),
+                      f'{what}: inodes and logical bytes of {name}')
+        with store.mount(name, readonly=True) as m:
+            t.check_equal(sorted(os.listdir(m.p(''))), sorted(files), f'{what}: files of {name}')
+            inodes = {}
+            for fname, content in files.items():
+                t.check_bytes(t.read_file(m.p(fname)), content, f'{what}: {name}/{fname}')
+                ino = os.lstat(m.p(fname)).st_ino
+                t.check(ino not in inodes, f'{what}: {name}/{fname} and {inodes.get(ino)} share inode {ino}')
+                inodes[ino] = fname
+
+
+def random_sequence(seed, steps):
+    print(f'seed {seed}: {steps} operations (replay: COWBOX_FOLD_SEED={seed} COWBOX_FOLD_STEPS={steps})',
+          flush=True)
+    rng = random.Random(seed)
+    model = Model(rng)
+    folded = 0
+    with t.Store(f'fold-random-{seed}') as store:
+        first = model.new_name()
+        store.create(first)
+        model.subvolumes[first] = (False, {})
+        for step in range(steps):
+            writable = sorted(n for n, (ro, _) in model.subvolumes.items() if not ro)
+            # Snapshots and deletes often, writes less: chains of layers
+            # never written, above shared ones, are what folds get wrong.
+            choices = ['write'] * 2 + ['snapshot'] * 3 + ['delete'] * 2 + ['reap']
+            op = rng.choice(choices)
+            if op == 'snapshot' and len(model.subvolumes) >= MAX_SUBVOLUMES:
+                op = 'delete'
+            if op == 'delete' and len(model.subvolumes) <= 1:
+                op = 'snapshot'
+            if op == 'write' and not writable:
+                op = 'snapshot'
+            try:
+                if op == 'write':
+                    name = rng.choice(writable)
+                    model.log.append(f'#{step} write {name}: {random_write(store, model, name)}')
+                elif op == 'snapshot':
+                    source = rng.choice(sorted(model.subvolumes))
+                    name, readonly = model.new_name(), rng.random() < 0.3
+                    store.snapshot(source, name, readonly=readonly)
+                    model.subvolumes[name] = (readonly, dict(model.subvolumes[source][1]))
+                    model.log.append(f'#{step} snapshot {source} -> {name}{" read-only" if readonly else ""}')
+                elif op == 'delete':
+                    name = rng.choice(sorted(model.subvolumes))
+                    store.delete(name, reap=False)
+                    del model.subvolumes[name]
+                    model.log.append(f'#{step} delete {name}')
+                else:
+                    folded += store.json('reap', '--wait')['layers_folded']
+                    model.log.append(f'#{step} reap')
+                    verify(store, model, f'seed {seed} after step #{step}')
+            except BaseException:
+                print('operations so far:\n  ' + '\n  '.join(model.log[-40:]), flush=True)
+                raise
+        store.json('reap', '--wait')
+        verify(store, model, f'seed {seed} at the end')
+        store.fsck()
+    print(f'seed {seed}: {folded} layers folded along the way', flush=True)
+    return folded
+
+
+def test_random():
+    steps = t.env_int('COWBOX_FOLD_STEPS', 60)
+    if os.environ.get('COWBOX_FOLD_SEED'):
+        seeds = [t.env_int('COWBOX_FOLD_SEED', 0)]
+    else:
+        base = random.SystemRandom().randrange(1, 1 << 31)
+        seeds = [base + i for i in range(t.env_int('COWBOX_FOLD_SEEDS', 2))]
+    folded = sum(random_sequence(seed, steps) for seed in seeds)
+    t.check(folded > 0, f'seeds {seeds} folded no layer: nothing was tested')
+
+
 def run():
     t.require_fuse()
     sub = t.Subtests()
     sub.run('never-written layers above a shared one', test_unwritten_above_shared)
     sub.run('written layers between snapshots', test_written_between)
     sub.run('fsck repairs a next inode number that is taken', test_fsck_next_ino)
+    sub.run('random writes, snapshots, deletes and reaps', test_random)
     sub.check()
 
 
