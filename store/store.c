@@ -765,9 +765,9 @@ int store_space(Store *s, StoreSpace *ret) {
                 _cleanup_sqlite_ sqlite3 *db = NULL;
                 LayerCounters lc = {};
 
-                /* Nobody writes a deleted subvolume's layers: read as they
-                 * are (a WAL a crash left is read through). */
-                if (layer_open(s, dead[i], LAYER_READ_FROZEN, &db) < 0)
+                /* Not immutable: a layer the reaper is folding into is
+                 * unreachable, and written, until the fold is done. */
+                if (layer_open(s, dead[i], LAYER_READ, &db) < 0)
                         continue;
                 if (layer_read_counters(db, &lc) >= 0)
                         ret->reclaimable_bytes += lc.stored_bytes;
