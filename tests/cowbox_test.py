@@ -480,6 +480,16 @@ def env_int(name, default):
         fail(f'{name}={value!r} is not a number')
 
 
+def seeds(one_env, count_env, default_count):
+    """The seeds of a seeded random test: the one one_env names (a replay),
+    else count_env's number of them (default_count) from a random base."""
+    import random
+    if os.environ.get(one_env):
+        return [env_int(one_env, 0)]
+    base = random.SystemRandom().randrange(1, 1 << 31)
+    return [base + i for i in range(env_int(count_env, default_count))]
+
+
 # --------------------------------------------------------------------------
 # Running cowbox-store
 

@@ -256,11 +256,7 @@ def random_sequence(seed, steps):
 
 def test_random():
     steps = t.env_int('COWBOX_FOLD_STEPS', 60)
-    if os.environ.get('COWBOX_FOLD_SEED'):
-        seeds = [t.env_int('COWBOX_FOLD_SEED', 0)]
-    else:
-        base = random.SystemRandom().randrange(1, 1 << 31)
-        seeds = [base + i for i in range(t.env_int('COWBOX_FOLD_SEEDS', 2))]
+    seeds = t.seeds('COWBOX_FOLD_SEED', 'COWBOX_FOLD_SEEDS', 2)
     folded = sum(random_sequence(seed, steps) for seed in seeds)
     t.check(folded > 0, f'seeds {seeds} folded no layer: nothing was tested')
 

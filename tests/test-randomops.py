@@ -424,11 +424,7 @@ def run_seed(store, seed, iterations, features, host_root):
 def run():
     t.require_fuse()
     iterations = t.env_int('COWBOX_RANDOMOPS_ITERATIONS', 2000)
-    if os.environ.get('COWBOX_SEED'):
-        seeds = [t.env_int('COWBOX_SEED', 0)]
-    else:
-        base = random.SystemRandom().randrange(1, 1 << 31)
-        seeds = [base + i for i in range(t.env_int('COWBOX_RANDOMOPS_SEEDS', 3))]
+    seeds = t.seeds('COWBOX_SEED', 'COWBOX_RANDOMOPS_SEEDS', 3)
     print(f'seeds {seeds}', flush=True)
     os.umask(0)
     with t.Store('randomops') as store:
