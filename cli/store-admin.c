@@ -773,8 +773,10 @@ const Command command_fsck = {
         .summary = "Check the catalog, every layer's metadata and the block index.",
         .description =
                 "Prints each problem found, then a summary. With --repair, problems that can be\n"
-                "repaired without losing data (orphan inodes, stale locks, wrong counters) are\n"
-                "repaired; the others are only reported.\n"
+                "repaired without losing data (a layer's block reference counts that disagree\n"
+                "with its extents, a subvolume's next inode number that is already taken) are\n"
+                "repaired; the others are only reported. Nothing may have a subvolume mounted\n"
+                "during a repair.\n"
                 "\n"
                 "Exit status: 0 if no problem is left unrepaired, 1 if one is or the check could\n"
                 "not finish.\n",
