@@ -234,6 +234,17 @@ int layer_exists(Store *s, uint64_t id) {
         return 1;
 }
 
+int layer_highest_ino(sqlite3 *db, uint64_t *ret) {
+        int64_t v = 0;
+        int r;
+
+        r = sqlite_query_int(db, "SELECT coalesce(max(ino), 0) FROM inodes", &v);
+        if (r < 0)
+                return r;
+        *ret = (uint64_t) v;
+        return 0;
+}
+
 int layer_write_counters(sqlite3 *db, const LayerCounters *c) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         int r;

@@ -690,16 +690,16 @@ static int check_next_ino(Fsck *f, const SubvolumeRecord *rec, const Stack *st) 
         int r;
 
         for (size_t i = 0; i < st->n; i++) {
-                int64_t v = 0;
+                uint64_t v;
 
                 if (!st->dbs[i])
                         continue;
                 if (!top)
                         top = st->dbs[i];
-                r = sqlite_query_int(st->dbs[i], "SELECT coalesce(max(ino), 0) FROM inodes", &v);
+                r = layer_highest_ino(st->dbs[i], &v);
                 if (r < 0)
                         return r;
-                highest = MAX(highest, (uint64_t) v);
+                highest = MAX(highest, v);
         }
         if (!top)
                 return 0;       /* a broken stack: reported by the caller */

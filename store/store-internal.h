@@ -203,6 +203,8 @@ int layer_exists(Store *s, uint64_t id);
 int layer_seal(Store *s, uint64_t id);
 int layer_read_counters(sqlite3 *db, LayerCounters *ret);
 int layer_write_counters(sqlite3 *db, const LayerCounters *c);
+/* The highest inode number that has a row in the layer, 0 for none. */
+int layer_highest_ino(sqlite3 *db, uint64_t *ret);
 int layer_unlink(Store *s, uint64_t id);
 uint64_t layer_file_bytes(Store *s, uint64_t id);
 

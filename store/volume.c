@@ -213,6 +213,25 @@ static int layers_load(Volume *v) {
         }
 }
 
+/* An inode number is never handed out twice, whatever the counters say:
+ * a fold of two never-written layers once left an empty subvolume's
+ * counters on top (fsck --repair mends the store for good). One lookup of
+ * the highest number in each layer. */
+static int next_ino_untaken(Volume *v) {
+        for (size_t i = 0; i < v->n_layers; i++) {
+                uint64_t highest;
+                int r;
+
+                if (!v->layers[i].db)
+                        continue;
+                r = layer_highest_ino(v->layers[i].db, &highest);
+                if (r < 0)
+                        return r;
+                v->counters.next_ino = MAX(v->counters.next_ino, highest + 1);
+        }
+        return 0;
+}
+
 static int layers_load_once(Volume *v, bool *ret_missing) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
         _cleanup_free_ uint64_t *ids = NULL;
@@ -261,6 +280,11 @@ static int layers_load_once(Volume *v, bool *ret_missing) {
                 return r;
         if (!v->layers[0].db)
                 v->counters.stored_bytes = 0;
+        if (v->writable) {
+                r = next_ino_untaken(v);
+                if (r < 0)
+                        return r;
+        }
         if (v->writable && v->layers[0].db)
                 return top_prepare(v);
         return 0;

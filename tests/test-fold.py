@@ -4,7 +4,8 @@
 changes nothing a user can see: every live subvolume keeps its files, their
 contents and inode numbers, and its figures (logical bytes, inodes), and
 the files made after it take inode numbers nobody has; fsck finds a subvolume whose next inode
-number is taken, and repairs it. Among the folds:
+number is taken, and repairs it, and a mount before the repair hands out
+no number that is taken. Among the folds:
 layers that were never written (a snapshot freezes the origin's top even
 when it is still empty), above a layer that a live snapshot shares. (A
 fold of two such layers made a database with the counters of an empty
@@ -77,12 +78,13 @@ def check_new_inodes(store, name, seen, what):
     """Files made after the folds take inode numbers no file of the
     subvolume has (each subvolume numbers its own)."""
     used = {ino for ino, _, _ in seen[name][2].values()}
+    new = [f'new{len(used)}-{i}' for i in range(3)]
     with store.mount(name) as m:
-        for i in range(3):
-            t.write_file(m.p(f'new{i}'), b'made after the folds %d\n' % i, fsync=True)
-        for i in range(3):
-            ino = os.lstat(m.p(f'new{i}')).st_ino
-            t.check(ino not in used, f'{what}: new file new{i} of {name} took inode {ino}, which a file has')
+        for fname in new:
+            t.write_file(m.p(fname), f'made after the folds: {fname}\n'.encode(), fsync=True)
+        for fname in new:
+            ino = os.lstat(m.p(fname)).st_ino
+            t.check(ino not in used, f'{what}: new file {fname} of {name} took inode {ino}, which a file has')
     seen_now = state(store)
     for sub, (_, _, files) in seen.items():
         for path, entry in files.items():
@@ -121,27 +123,36 @@ def test_written_between():
         check_new_inodes(store, 's1', state(store), 'written and unwritten layers')
 
 
+def give_empty_counters(store, name):
+    """What the bug did: the counters of an empty subvolume on top of one
+    with files (copied with their valid record checks)."""
+    layers = os.path.join(store.path, 'layers')
+    db = sqlite3.connect(os.path.join(layers, f"{store.show(name)['top_layer']}.db"))
+    db.execute('ATTACH ? AS empty', (os.path.join(layers, f"{store.show('empty')['top_layer']}.db"),))
+    db.execute('DELETE FROM main.info')
+    db.execute('INSERT INTO main.info SELECT * FROM empty.info')
+    db.commit()
+    db.close()
+
+
 def test_fsck_next_ino():
-    """A store where the bug struck: the counters of an empty subvolume on
-    top of one with files (copied with their valid record checks)."""
+    """A store where the bug struck: fsck reports and repairs it, and a
+    mount of it before the repair hands out no number that is taken."""
     with t.Store('fold-fsck') as store:
         store.create('x')
         write_files(store, 'x', 'f', 5, 60)
         store.create('empty')
-        layers = os.path.join(store.path, 'layers')
-        db = sqlite3.connect(os.path.join(layers, f"{store.show('x')['top_layer']}.db"))
-        db.execute('ATTACH ? AS empty', (os.path.join(layers, f"{store.show('empty')['top_layer']}.db"),))
-        db.execute('DELETE FROM main.info')
-        db.execute('INSERT INTO main.info SELECT * FROM empty.info')
-        db.commit()
-        db.close()
 
+        give_empty_counters(store, 'x')
         r = store.run('fsck', expect=1)
         t.check("subvolume 'x': the next inode number, 2, is taken" in r.out, f'fsck of the damage:\n{r.describe()}')
         r = store.run('fsck', '--repair')
         t.check('(repaired)' in r.out, f'fsck --repair:\n{r.describe()}')
         store.fsck()
         check_new_inodes(store, 'x', state(store), 'after the repair')
+
+        give_empty_counters(store, 'x')
+        check_new_inodes(store, 'x', state(store), 'mounted before a repair')
 
 
 MAX_SUBVOLUMES = 6
