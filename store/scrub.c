@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "alloc-util.h"
 #include "sqlite-util.h"
@@ -723,6 +724,314 @@ static int check_next_ino(Fsck *f, const SubvolumeRecord *rec, const Stack *st) 
         return 0;
 }
 
+typedef struct IdList {
+        uint64_t *ids;
+        size_t n, allocated;
+} IdList;
+
+static void id_list_done(IdList *l) {
+        free(l->ids);
+}
+
+static int id_list_add(IdList *l, uint64_t id) {
+        if (!GREEDY_REALLOC(l->ids, l->allocated, l->n + 1))
+                return -ENOMEM;
+        l->ids[l->n++] = id;
+        return 0;
+}
+
+/* Inodes counted, with the bytes each holds if it is a regular file. */
+typedef struct CountedInode {
+        uint64_t ino;
+        uint64_t bytes;
+} CountedInode;
+
+typedef struct CountedList {
+        CountedInode *items;
+        size_t n, allocated;
+} CountedList;
+
+static void counted_list_done(CountedList *l) {
+        free(l->items);
+}
+
+static int counted_list_add(CountedList *l, uint64_t ino, uint32_t mode, uint64_t size) {
+        if (!GREEDY_REALLOC(l->items, l->allocated, l->n + 1))
+                return -ENOMEM;
+        l->items[l->n++] = (CountedInode) { .ino = ino, .bytes = S_ISREG(mode) ? size : 0 };
+        return 0;
+}
+
+static int counted_compare(const void *a, const void *b) {
+        uint64_t x = ((const CountedInode *) a)->ino, y = ((const CountedInode *) b)->ino;
+
+        return x < y ? -1 : x > y;
+}
+
+typedef struct ChildRow {
+        void *name;
+        int len;
+        uint64_t ino;
+        size_t layer;
+} ChildRow;
+
+static int child_row_compare(const void *a, const void *b) {
+        const ChildRow *x = a, *y = b;
+        int c = memcmp(x->name, y->name, (size_t) MIN(x->len, y->len));
+
+        if (c != 0)
+                return c;
+        if (x->len != y->len)
+                return x->len < y->len ? -1 : 1;
+        return x->layer < y->layer ? -1 : x->layer > y->layer;
+}
+
+/* Statements of each layer of a stack for a census, NULL where a layer has
+ * no database. */
+typedef struct CensusQueries {
+        sqlite3_stmt **children;
+        sqlite3_stmt **inode;
+        size_t n;
+} CensusQueries;
+
+static void census_queries_done(CensusQueries *q) {
+        for (size_t i = 0; i < q->n; i++) {
+                if (q->children)
+                        sqlite3_finalize(q->children[i]);
+                if (q->inode)
+                        sqlite3_finalize(q->inode[i]);
+        }
+        free(q->children);
+        free(q->inode);
+}
+
+/* The topmost row of ino: 1 with its mode and size, 0 if no layer has one. */
+static int census_inode(const CensusQueries *q, uint64_t ino, uint32_t *ret_mode, uint64_t *ret_size) {
+        for (size_t i = 0; i < q->n; i++) {
+                int r;
+
+                if (!q->inode[i])
+                        continue;
+                sqlite3_bind_int64(q->inode[i], 1, (sqlite3_int64) ino);
+                r = sqlite_step_row(q->inode[i]);
+                if (r > 0) {
+                        *ret_mode = (uint32_t) sqlite3_column_int64(q->inode[i], 0);
+                        *ret_size = (uint64_t) sqlite3_column_int64(q->inode[i], 1);
+                }
+                sqlite3_reset(q->inode[i]);
+                if (r != 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* Adds the children of dir that win (the topmost entry of each name; a
+ * whiteout hides the name) to all, and those that are directories to dirs. */
+static int census_children(const CensusQueries *q, uint64_t dir, CountedList *all, IdList *dirs) {
+        ChildRow *rows = NULL;
+        size_t n = 0, allocated = 0;
+        int r = 0;
+
+        for (size_t i = 0; r >= 0 && i < q->n; i++) {
+                if (!q->children[i])
+                        continue;
+                sqlite3_bind_int64(q->children[i], 1, (sqlite3_int64) dir);
+                while ((r = sqlite_step_row(q->children[i])) > 0) {
+                        int len = sqlite3_column_bytes(q->children[i], 0);
+                        void *name = malloc((size_t) MAX(len, 1));
+
+                        if (!name || !GREEDY_REALLOC(rows, allocated, n + 1)) {
+                                free(name);
+                                r = -ENOMEM;
+                                break;
+                        }
+                        memcpy(name, sqlite3_column_blob(q->children[i], 0), (size_t) len);
+                        rows[n++] = (ChildRow) {
+                                .name = name,
+                                .len = len,
+                                .ino = (uint64_t) sqlite3_column_int64(q->children[i], 1),
+                                .layer = i,
+                        };
+                }
+                sqlite3_reset(q->children[i]);
+        }
+        if (r >= 0 && n > 0)
+                qsort(rows, n, sizeof *rows, child_row_compare);
+        for (size_t i = 0; r >= 0 && i < n; i++) {
+                uint32_t mode = 0;
+                uint64_t size;
+
+                if ((i > 0 && rows[i].len == rows[i - 1].len &&
+                     memcmp(rows[i].name, rows[i - 1].name, (size_t) rows[i].len) == 0) || rows[i].ino == 0)
+                        continue;       /* hidden by the entry above, or a whiteout */
+                r = census_inode(q, rows[i].ino, &mode, &size);
+                if (r <= 0)
+                        continue;       /* missing: reported with its entry */
+                r = counted_list_add(all, rows[i].ino, mode, size);
+                if (r >= 0 && S_ISDIR(mode))
+                        r = id_list_add(dirs, rows[i].ino);
+        }
+        for (size_t i = 0; i < n; i++)
+                free(rows[i].name);
+        free(rows);
+        return r < 0 ? r : 0;
+}
+
+/* What the volume counts: the inodes reachable from the root through the
+ * entries that win, and those left without a name (nlink 0, unlinked while
+ * open) whose row is the topmost, each once; the bytes of the regular files
+ * among them. */
+static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_logical) {
+        _cleanup_(census_queries_done) CensusQueries q = { .n = st->n };
+        _cleanup_(counted_list_done) CountedList all = {};
+        _cleanup_(id_list_done) IdList dirs = {};
+        uint64_t entries = 0, inodes = 0, logical = 0;
+        size_t databases = 0;
+        int r;
+
+        /* One database: the same census in one query. Rows that nothing
+         * reaches (a fold keeps the rows of inodes dropped above it) do not
+         * count; those unlinked while open (nlink 0) do. */
+        for (size_t i = 0; i < st->n; i++)
+                databases += st->dbs[i] != NULL;
+        if (databases == 1)
+                for (size_t i = 0; i < st->n; i++) {
+                        _cleanup_stmt_ sqlite3_stmt *totals = NULL;
+
+                        if (!st->dbs[i])
+                                continue;
+                        r = sqlite_prepare(st->dbs[i],
+                                           "WITH RECURSIVE reach(ino) AS (SELECT 1 UNION SELECT d.ino FROM dentries d "
+                                           "  JOIN reach ON d.parent = reach.ino WHERE d.ino != 0) "
+                                           "SELECT count(*), coalesce(sum(CASE WHEN mode & ?1 = ?2 THEN size END), 0) "
+                                           "FROM inodes WHERE nlink = 0 OR ino IN reach", &totals);
+                        if (r < 0)
+                                return r;
+                        sqlite3_bind_int64(totals, 1, S_IFMT);
+                        sqlite3_bind_int64(totals, 2, S_IFREG);
+                        r = sqlite_step_row(totals);
+                        if (r < 0)
+                                return r;
+                        *ret_inodes = r > 0 ? (uint64_t) sqlite3_column_int64(totals, 0) : 0;
+                        *ret_logical = r > 0 ? (uint64_t) sqlite3_column_int64(totals, 1) : 0;
+                        return 0;
+                }
+
+        q.children = calloc(st->n, sizeof *q.children);
+        q.inode = calloc(st->n, sizeof *q.inode);
+        if (!q.children || !q.inode)
+                return -ENOMEM;
+        for (size_t i = 0; i < st->n; i++) {
+                int64_t v = 0;
+
+                if (!st->dbs[i])
+                        continue;
+                r = sqlite_prepare(st->dbs[i], "SELECT name, ino FROM dentries WHERE parent = ?1", &q.children[i]);
+                if (r >= 0)
+                        r = sqlite_prepare(st->dbs[i], "SELECT mode, size FROM inodes WHERE ino = ?1", &q.inode[i]);
+                if (r >= 0)
+                        r = sqlite_query_int(st->dbs[i], "SELECT count(*) FROM dentries", &v);
+                if (r < 0)
+                        return r;
+                entries += (uint64_t) v;
+        }
+
+        {
+                uint32_t mode = 0;
+                uint64_t size = 0;
+
+                r = census_inode(&q, 1, &mode, &size);
+                if (r > 0)
+                        r = counted_list_add(&all, 1, mode, size);
+                if (r >= 0)
+                        r = id_list_add(&dirs, 1);
+        }
+        for (size_t k = 0; r >= 0 && k < dirs.n; k++) {
+                /* A tree has fewer directories than entries: more is a loop. */
+                if (dirs.n > entries + 1)
+                        r = -ELOOP;
+                else
+                        r = census_children(&q, dirs.ids[k], &all, &dirs);
+        }
+        if (r < 0)
+                return r;
+
+        for (size_t i = 0; i < st->n; i++) {
+                _cleanup_stmt_ sqlite3_stmt *orphans = NULL;
+
+                if (!st->dbs[i])
+                        continue;
+                r = sqlite_prepare(st->dbs[i], "SELECT ino FROM inodes WHERE nlink = 0", &orphans);
+                while (r >= 0 && (r = sqlite_step_row(orphans)) > 0) {
+                        uint64_t ino = (uint64_t) sqlite3_column_int64(orphans, 0);
+
+                        r = stack_row_hidden(st, i, ino);
+                        if (r == 0) {
+                                uint32_t mode = 0;
+                                uint64_t size = 0;
+
+                                r = census_inode(&q, ino, &mode, &size);
+                                if (r > 0)
+                                        r = counted_list_add(&all, ino, mode, size);
+                        }
+                }
+                if (r < 0)
+                        return r;
+        }
+
+        if (all.n > 0)
+                qsort(all.items, all.n, sizeof *all.items, counted_compare);
+        for (size_t i = 0; i < all.n; i++) {
+                if (i > 0 && all.items[i].ino == all.items[i - 1].ino)
+                        continue;       /* hard links */
+                inodes++;
+                logical += all.items[i].bytes;
+        }
+        *ret_inodes = inodes;
+        *ret_logical = logical;
+        return 0;
+}
+
+/* The counters of the topmost layer must say what the layers hold: quotas
+ * and usage are read from them. */
+static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) {
+        sqlite3 *top = NULL;
+        LayerCounters c;
+        uint64_t inodes = 0, logical = 0;
+        bool fixed = false;
+        int r;
+
+        for (size_t i = 0; i < st->n && !top; i++)
+                top = st->dbs[i];
+        if (!top)
+                return 0;
+        r = layer_read_counters(top, &c);
+        if (r == -EIO)
+                return 0;       /* a damaged record: the checksum count reports it */
+        if (r < 0)
+                return r;
+        r = stack_census(st, &inodes, &logical);
+        if (r == -ELOOP) {
+                problem(f, false, "subvolume '%s': its directories form a loop", rec->name);
+                return 0;
+        }
+        if (r < 0)
+                return r;
+        if (c.inodes == inodes && c.logical_bytes == logical)
+                return 0;
+
+        if (f->repair) {
+                LayerCounters mended = c;
+
+                mended.inodes = inodes;
+                mended.logical_bytes = logical;
+                fixed = layer_write_counters(top, &mended) >= 0;
+        }
+        problem(f, fixed, "subvolume '%s': its counters say %" PRIu64 " inodes and %" PRIu64 " bytes, its layers "
+                "hold %" PRIu64 " and %" PRIu64, rec->name, c.inodes, c.logical_bytes, inodes, logical);
+        return 0;
+}
+
 /* Every visible entry of the subvolume names an inode that exists. */
 static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
         _cleanup_(stack_done) Stack st = {};
@@ -746,6 +1055,8 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
                 }
 
         r = check_next_ino(f, rec, &st);
+        if (r >= 0)
+                r = check_counters(f, rec, &st);
         if (r < 0) {
                 free(layers.ids);
                 return r;

@@ -668,6 +668,10 @@ static void test_flush_ahead(Store *s) {
         volume_close(v);
 }
 
+static void print_problem(const char *what, void *userdata) {
+        fprintf(stderr, "fsck: %s\n", what);
+}
+
 int main(void) {
         Store *s = NULL;
 
@@ -691,7 +695,7 @@ int main(void) {
         test_flush_ahead(s);
         test_attributes_keep_content(s);
 
-        CHECK(store_fsck(s, false, NULL, NULL) == 0);
+        CHECK(store_fsck(s, false, print_problem, NULL) == 0);
         store_close(s);
         printf("test-volume: all checks passed\n");
         return EXIT_SUCCESS;
