@@ -774,9 +774,10 @@ const Command command_fsck = {
         .description =
                 "Prints each problem found, then a summary. With --repair, problems that can be\n"
                 "repaired without losing data (a layer's block reference counts that disagree\n"
-                "with its extents, a subvolume's next inode number that is already taken) are\n"
-                "repaired; the others are only reported. Nothing may have a subvolume mounted\n"
-                "during a repair.\n"
+                "with its extents; a subvolume's next inode number that is already taken, or\n"
+                "its counts of inodes and bytes, which its quota and usage are read from, that\n"
+                "disagree with what its layers hold) are repaired; the others are only\n"
+                "reported. Nothing may have a subvolume mounted during a repair.\n"
                 "\n"
                 "Exit status: 0 if no problem is left unrepaired, 1 if one is or the check could\n"
                 "not finish.\n",

@@ -220,9 +220,9 @@ int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *r
 /* Checks the catalog, every layer's metadata and the block index for
  * consistency. The callback is called once per problem found; problems
  * that fsck can repair without losing data (block reference counts, a next
- * inode number that is taken) are repaired when repair is true: -EBUSY if
- * a subvolume is mounted then. Returns the number of problems left
- * unrepaired. */
+ * inode number that is taken, counts of inodes and bytes that disagree with
+ * the layers) are repaired when repair is true: -EBUSY if a subvolume is
+ * mounted then. Returns the number of problems left unrepaired. */
 typedef void (*store_problem_cb)(const char *what, void *userdata);
 
 int store_fsck(Store *s, bool repair, store_problem_cb cb, void *userdata);
