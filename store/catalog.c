@@ -593,29 +593,6 @@ int catalog_live_layers(Store *s, uint64_t **ret_ids, size_t *ret_n) {
         return sqlite_collect_ids(st, ret_ids, ret_n);
 }
 
-/* Each live subvolume with each layer of its stack. */
-#define STACKS_CTE                                                                                     \
-        "WITH RECURSIVE chain(sub, layer) AS ("                                                        \
-        "  SELECT id, top_layer FROM subvolumes WHERE deleted = 0"                                     \
-        "  UNION SELECT chain.sub, layers.parent FROM chain JOIN layers ON layers.id = chain.layer"    \
-        "  WHERE layers.parent IS NOT NULL) "
-
-int catalog_layer_users(Store *s, uint64_t layer, int64_t *ret) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
-        int r;
-
-        CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, STACKS_CTE "SELECT count(DISTINCT sub) FROM chain WHERE layer = ?1", &st);
-        if (r < 0)
-                return r;
-        sqlite3_bind_int64(st, 1, (sqlite3_int64) layer);
-        r = sqlite_step_row(st);
-        if (r < 0)
-                return r;
-        *ret = r > 0 ? sqlite3_column_int64(st, 0) : 0;
-        return 0;
-}
-
 int catalog_all_layer_users(Store *s, LayerUsers **ret, size_t *ret_n) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         _cleanup_free_ LayerUsers *rows = NULL;
@@ -623,9 +600,13 @@ int catalog_all_layer_users(Store *s, LayerUsers **ret, size_t *ret_n) {
         int r;
 
         CATALOG_LOCKED(s);
+        /* Each live subvolume with each layer of its stack. */
         r = sqlite_prepare(s->catalog,
-                           STACKS_CTE "SELECT layer, count(DISTINCT sub) FROM chain GROUP BY layer ORDER BY layer",
-                           &st);
+                           "WITH RECURSIVE chain(sub, layer) AS ("
+                           "  SELECT id, top_layer FROM subvolumes WHERE deleted = 0"
+                           "  UNION SELECT chain.sub, layers.parent FROM chain JOIN layers ON layers.id = chain.layer"
+                           "  WHERE layers.parent IS NOT NULL) "
+                           "SELECT layer, count(DISTINCT sub) FROM chain GROUP BY layer ORDER BY layer", &st);
         if (r < 0)
                 return r;
         while ((r = sqlite_step_row(st)) > 0) {

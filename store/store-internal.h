@@ -156,14 +156,13 @@ int catalog_id_known(Store *s, const char *table, uint64_t id);
 int catalog_live_layers(Store *s, uint64_t **ret_ids, size_t *ret_n);
 int catalog_dead_layers(Store *s, uint64_t **ret_ids, size_t *ret_n);
 
-/* Live subvolumes whose stacks include the layer; for every layer a live
- * subvolume reaches at once, sorted by layer: asking layer by layer walks
- * every stack each time. */
+/* How many live subvolumes' stacks include each layer a live subvolume
+ * reaches, sorted by layer: one query walks every stack, so all layers
+ * come at once. */
 typedef struct LayerUsers {
         uint64_t layer;
         int64_t users;
 } LayerUsers;
-int catalog_layer_users(Store *s, uint64_t layer, int64_t *ret);
 int catalog_all_layer_users(Store *s, LayerUsers **ret, size_t *ret_n);
 int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n);
 int catalog_subvolume_names(Store *s, char ***ret);

@@ -522,6 +522,7 @@ int store_subvolume_set_quota(Store *s, const char *name, uint64_t bytes) {
 
 static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const LayerUsers *all_users, size_t n_users,
                                       StoreSubvolumeInfo *ret);
+static int subvolume_info_one(Store *s, SubvolumeRecord *rec, StoreSubvolumeInfo *ret);
 
 int store_subvolume_set_readonly(Store *s, const char *name, bool readonly) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
@@ -602,24 +603,13 @@ int store_subvolume_find_uuid(Store *s, const char *uuid, StoreSubvolumeInfo *re
                 r = catalog_find_subvolume_by_uuid(s, uuid, false, &rec);
         if (r < 0)
                 return r;
-        return subvolume_info_from_record(s, &rec, NULL, 0, ret);
+        return subvolume_info_one(s, &rec, ret);
 }
 
 static int layer_users_compare(const void *a, const void *b) {
         uint64_t x = *(const uint64_t *) a, y = ((const LayerUsers *) b)->layer;
 
         return x < y ? -1 : x > y;
-}
-
-/* From the table of all layers' users if there is one, else asked. */
-static int layer_users(Store *s, uint64_t layer, const LayerUsers *all_users, size_t n_users, int64_t *ret) {
-        const LayerUsers *u;
-
-        if (!all_users)
-                return catalog_layer_users(s, layer, ret);
-        u = bsearch(&layer, all_users, n_users, sizeof *all_users, layer_users_compare);
-        *ret = u ? u->users : 0;
-        return 0;
 }
 
 /* Fills the space figures of one subvolume from its layers, each opened
@@ -640,8 +630,8 @@ static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_
         for (size_t i = 0; i < n; i++) {
                 LayerOpenMode mode = i == 0 && !info->readonly ? LAYER_READ : LAYER_READ_FROZEN;
                 _cleanup_sqlite_ sqlite3 *db = NULL;
+                const LayerUsers *users;
                 LayerCounters lc = {};
-                int64_t users = 0;
 
                 r = layer_open(s, ids[i], mode, &db);
                 if (r == -ENOENT)
@@ -659,10 +649,8 @@ static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_
                 }
                 info->referenced_bytes += lc.stored_bytes;
 
-                r = layer_users(s, ids[i], all_users, n_users, &users);
-                if (r < 0)
-                        return r;
-                if (users <= 1)
+                users = bsearch(&ids[i], all_users, n_users, sizeof *all_users, layer_users_compare);
+                if (!users || users->users <= 1)
                         info->exclusive_bytes += lc.stored_bytes;
         }
         return counted ? 0 : -EUCLEAN; /* every stack has a bottom layer with a root */
@@ -698,6 +686,19 @@ static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const Laye
         return 0;
 }
 
+/* One subvolume: the users of every layer come in one query all the same,
+ * which costs what asking for one layer's does. */
+static int subvolume_info_one(Store *s, SubvolumeRecord *rec, StoreSubvolumeInfo *ret) {
+        _cleanup_free_ LayerUsers *users = NULL;
+        size_t n_users = 0;
+        int r;
+
+        r = catalog_all_layer_users(s, &users, &n_users);
+        if (r < 0)
+                return r;
+        return subvolume_info_from_record(s, rec, users, n_users, ret);
+}
+
 int store_subvolume_show(Store *s, const char *name, StoreSubvolumeInfo *ret) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
         int r;
@@ -707,7 +708,7 @@ int store_subvolume_show(Store *s, const char *name, StoreSubvolumeInfo *ret) {
         r = catalog_find_subvolume(s, name, &rec);
         if (r < 0)
                 return r;
-        return subvolume_info_from_record(s, &rec, NULL, 0, ret);
+        return subvolume_info_one(s, &rec, ret);
 }
 
 int store_subvolume_names(Store *s, char ***ret) {
