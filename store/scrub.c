@@ -678,52 +678,6 @@ static int check_layer_blocks(Fsck *f, uint64_t id) {
         return r;
 }
 
-/* The next inode number the subvolume hands out must be above every one it
- * has: else a new file takes the number, and the rows, of an old one. (A
- * fold of two never-written layers once left the counters of an empty
- * subvolume on top.) Repaired on the topmost layer that has a database,
- * the one whose counters are read. */
-static int check_next_ino(Fsck *f, const SubvolumeRecord *rec, const Stack *st) {
-        sqlite3 *top = NULL;
-        LayerCounters c;
-        uint64_t highest = 0;
-        bool fixed = false;
-        int r;
-
-        for (size_t i = 0; i < st->n; i++) {
-                uint64_t v;
-
-                if (!st->dbs[i])
-                        continue;
-                if (!top)
-                        top = st->dbs[i];
-                r = layer_highest_ino(st->dbs[i], &v);
-                if (r < 0)
-                        return r;
-                highest = MAX(highest, v);
-        }
-        if (!top)
-                return 0;       /* a broken stack: reported by the caller */
-        r = layer_read_counters(top, &c);
-        if (r == -EIO)
-                return 0;       /* a damaged record: the checksum count reports it */
-        if (r < 0)
-                return r;
-        if (c.next_ino > highest)
-                return 0;
-
-        if (f->repair) {
-                uint64_t was = c.next_ino;
-
-                c.next_ino = highest + 1;
-                fixed = layer_write_counters(top, &c) >= 0;
-                c.next_ino = was;
-        }
-        problem(f, fixed, "subvolume '%s': the next inode number, %" PRIu64 ", is taken (its inodes go up to %" PRIu64
-                "): a new file would take the place of an existing one", rec->name, c.next_ino, highest);
-        return 0;
-}
-
 typedef struct IdList {
         uint64_t *ids;
         size_t n, allocated;
@@ -992,19 +946,33 @@ static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_log
         return 0;
 }
 
-/* The counters of the topmost layer must say what the layers hold: quotas
- * and usage are read from them. */
+/* The counters of the topmost layer that has a database, the ones read,
+ * must say what the layers hold. The next inode number must be above every
+ * one the subvolume has: else a new file takes the number, and the rows,
+ * of an old one (a fold of two never-written layers once left an empty
+ * subvolume's counters on top). Quotas and usage are read from the counts
+ * of inodes and bytes. */
 static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) {
         sqlite3 *top = NULL;
-        LayerCounters c;
-        uint64_t inodes = 0, logical = 0;
-        bool fixed = false;
+        LayerCounters c, mended;
+        uint64_t highest = 0, inodes = 0, logical = 0;
+        bool ino_taken, counts_wrong, fixed = false;
         int r;
 
-        for (size_t i = 0; i < st->n && !top; i++)
-                top = st->dbs[i];
+        for (size_t i = 0; i < st->n; i++) {
+                uint64_t v;
+
+                if (!st->dbs[i])
+                        continue;
+                if (!top)
+                        top = st->dbs[i];
+                r = layer_highest_ino(st->dbs[i], &v);
+                if (r < 0)
+                        return r;
+                highest = MAX(highest, v);
+        }
         if (!top)
-                return 0;
+                return 0;       /* a broken stack: reported by the caller */
         r = layer_read_counters(top, &c);
         if (r == -EIO)
                 return 0;       /* a damaged record: the checksum count reports it */
@@ -1017,18 +985,25 @@ static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) 
         }
         if (r < 0)
                 return r;
-        if (c.inodes == inodes && c.logical_bytes == logical)
+
+        ino_taken = c.next_ino <= highest;
+        counts_wrong = c.inodes != inodes || c.logical_bytes != logical;
+        if (!ino_taken && !counts_wrong)
                 return 0;
-
         if (f->repair) {
-                LayerCounters mended = c;
-
+                mended = c;
+                if (ino_taken)
+                        mended.next_ino = highest + 1;
                 mended.inodes = inodes;
                 mended.logical_bytes = logical;
                 fixed = layer_write_counters(top, &mended) >= 0;
         }
-        problem(f, fixed, "subvolume '%s': its counters say %" PRIu64 " inodes and %" PRIu64 " bytes, its layers "
-                "hold %" PRIu64 " and %" PRIu64, rec->name, c.inodes, c.logical_bytes, inodes, logical);
+        if (ino_taken)
+                problem(f, fixed, "subvolume '%s': the next inode number, %" PRIu64 ", is taken (its inodes go up to "
+                        "%" PRIu64 "): a new file would take the place of an existing one", rec->name, c.next_ino, highest);
+        if (counts_wrong)
+                problem(f, fixed, "subvolume '%s': its counters say %" PRIu64 " inodes and %" PRIu64 " bytes, its layers "
+                        "hold %" PRIu64 " and %" PRIu64, rec->name, c.inodes, c.logical_bytes, inodes, logical);
         return 0;
 }
 
@@ -1054,9 +1029,7 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
                         return 0;
                 }
 
-        r = check_next_ino(f, rec, &st);
-        if (r >= 0)
-                r = check_counters(f, rec, &st);
+        r = check_counters(f, rec, &st);
         if (r < 0) {
                 free(layers.ids);
                 return r;
