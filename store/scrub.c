@@ -22,7 +22,8 @@ typedef struct Stack {
         uint64_t *ids;
         sqlite3 **dbs;          /* NULL entries: layers without a database */
         sqlite3_stmt **get_dentry;
-        sqlite3_stmt **has_inode;
+        sqlite3_stmt **get_inode;       /* mode, size */
+        sqlite3_stmt **list_dentries;   /* name, ino of a directory's entries */
         size_t n;
 } Stack;
 
@@ -30,13 +31,16 @@ static void stack_done(Stack *st) {
         for (size_t i = 0; i < st->n; i++) {
                 if (st->get_dentry)
                         sqlite3_finalize(st->get_dentry[i]);
-                if (st->has_inode)
-                        sqlite3_finalize(st->has_inode[i]);
+                if (st->get_inode)
+                        sqlite3_finalize(st->get_inode[i]);
+                if (st->list_dentries)
+                        sqlite3_finalize(st->list_dentries[i]);
                 if (st->dbs[i])
                         sqlite3_close_v2(st->dbs[i]);
         }
         free(st->get_dentry);
-        free(st->has_inode);
+        free(st->get_inode);
+        free(st->list_dentries);
         free(st->dbs);
         free(st->ids);
         free(st->subvolume);
@@ -55,8 +59,9 @@ static int stack_open(Store *s, const SubvolumeRecord *rec, Stack *ret) {
                 return r;
         ret->dbs = calloc(ret->n, sizeof *ret->dbs);
         ret->get_dentry = calloc(ret->n, sizeof *ret->get_dentry);
-        ret->has_inode = calloc(ret->n, sizeof *ret->has_inode);
-        if (!ret->dbs || !ret->get_dentry || !ret->has_inode)
+        ret->get_inode = calloc(ret->n, sizeof *ret->get_inode);
+        ret->list_dentries = calloc(ret->n, sizeof *ret->list_dentries);
+        if (!ret->dbs || !ret->get_dentry || !ret->get_inode || !ret->list_dentries)
                 return -ENOMEM;
         for (size_t i = 0; i < ret->n; i++) {
                 r = layer_open(s, ret->ids[i], LAYER_READ, &ret->dbs[i]);
@@ -68,7 +73,11 @@ static int stack_open(Store *s, const SubvolumeRecord *rec, Stack *ret) {
                                    &ret->get_dentry[i]);
                 if (r < 0)
                         return r;
-                r = sqlite_prepare(ret->dbs[i], "SELECT 1 FROM inodes WHERE ino = ?1", &ret->has_inode[i]);
+                r = sqlite_prepare(ret->dbs[i], "SELECT mode, size FROM inodes WHERE ino = ?1", &ret->get_inode[i]);
+                if (r < 0)
+                        return r;
+                r = sqlite_prepare(ret->dbs[i], "SELECT name, ino FROM dentries WHERE parent = ?1",
+                                   &ret->list_dentries[i]);
                 if (r < 0)
                         return r;
         }
@@ -281,10 +290,10 @@ static int stack_row_hidden(const Stack *st, size_t layer, uint64_t ino) {
         for (size_t i = 0; i < layer; i++) {
                 int r;
 
-                if (!st->has_inode[i])
+                if (!st->get_inode[i])
                         continue;
-                sqlite3_bind_int64(st->has_inode[i], 1, (sqlite3_int64) ino);
-                r = lookup_step(st->has_inode[i], NULL);
+                sqlite3_bind_int64(st->get_inode[i], 1, (sqlite3_int64) ino);
+                r = lookup_step(st->get_inode[i], NULL);
                 if (r != 0)
                         return r;
         }
@@ -740,39 +749,21 @@ static int child_row_compare(const void *a, const void *b) {
         return x->layer < y->layer ? -1 : x->layer > y->layer;
 }
 
-/* Statements of each layer of a stack for a census, NULL where a layer has
- * no database. */
-typedef struct CensusQueries {
-        sqlite3_stmt **children;
-        sqlite3_stmt **inode;
-        size_t n;
-} CensusQueries;
-
-static void census_queries_done(CensusQueries *q) {
-        for (size_t i = 0; i < q->n; i++) {
-                if (q->children)
-                        sqlite3_finalize(q->children[i]);
-                if (q->inode)
-                        sqlite3_finalize(q->inode[i]);
-        }
-        free(q->children);
-        free(q->inode);
-}
-
 /* The topmost row of ino: 1 with its mode and size, 0 if no layer has one. */
-static int census_inode(const CensusQueries *q, uint64_t ino, uint32_t *ret_mode, uint64_t *ret_size) {
-        for (size_t i = 0; i < q->n; i++) {
+static int stack_inode(const Stack *st, uint64_t ino, uint32_t *ret_mode, uint64_t *ret_size) {
+        for (size_t i = 0; i < st->n; i++) {
+                sqlite3_stmt *q = st->get_inode[i];
                 int r;
 
-                if (!q->inode[i])
+                if (!q)
                         continue;
-                sqlite3_bind_int64(q->inode[i], 1, (sqlite3_int64) ino);
-                r = sqlite_step_row(q->inode[i]);
+                sqlite3_bind_int64(q, 1, (sqlite3_int64) ino);
+                r = sqlite_step_row(q);
                 if (r > 0) {
-                        *ret_mode = (uint32_t) sqlite3_column_int64(q->inode[i], 0);
-                        *ret_size = (uint64_t) sqlite3_column_int64(q->inode[i], 1);
+                        *ret_mode = (uint32_t) sqlite3_column_int64(q, 0);
+                        *ret_size = (uint64_t) sqlite3_column_int64(q, 1);
                 }
-                sqlite3_reset(q->inode[i]);
+                sqlite3_reset(q);
                 if (r != 0)
                         return r;
         }
@@ -781,17 +772,19 @@ static int census_inode(const CensusQueries *q, uint64_t ino, uint32_t *ret_mode
 
 /* Adds the children of dir that win (the topmost entry of each name; a
  * whiteout hides the name) to all, and those that are directories to dirs. */
-static int census_children(const CensusQueries *q, uint64_t dir, CountedList *all, IdList *dirs) {
+static int census_children(const Stack *st, uint64_t dir, CountedList *all, IdList *dirs) {
         ChildRow *rows = NULL;
         size_t n = 0, allocated = 0;
         int r = 0;
 
-        for (size_t i = 0; r >= 0 && i < q->n; i++) {
-                if (!q->children[i])
+        for (size_t i = 0; r >= 0 && i < st->n; i++) {
+                sqlite3_stmt *q = st->list_dentries[i];
+
+                if (!q)
                         continue;
-                sqlite3_bind_int64(q->children[i], 1, (sqlite3_int64) dir);
-                while ((r = sqlite_step_row(q->children[i])) > 0) {
-                        int len = sqlite3_column_bytes(q->children[i], 0);
+                sqlite3_bind_int64(q, 1, (sqlite3_int64) dir);
+                while ((r = sqlite_step_row(q)) > 0) {
+                        int len = sqlite3_column_bytes(q, 0);
                         void *name = malloc((size_t) MAX(len, 1));
 
                         if (!name || !GREEDY_REALLOC(rows, allocated, n + 1)) {
@@ -799,15 +792,15 @@ static int census_children(const CensusQueries *q, uint64_t dir, CountedList *al
                                 r = -ENOMEM;
                                 break;
                         }
-                        memcpy(name, sqlite3_column_blob(q->children[i], 0), (size_t) len);
+                        memcpy(name, sqlite3_column_blob(q, 0), (size_t) len);
                         rows[n++] = (ChildRow) {
                                 .name = name,
                                 .len = len,
-                                .ino = (uint64_t) sqlite3_column_int64(q->children[i], 1),
+                                .ino = (uint64_t) sqlite3_column_int64(q, 1),
                                 .layer = i,
                         };
                 }
-                sqlite3_reset(q->children[i]);
+                sqlite3_reset(q);
         }
         if (r >= 0 && n > 0)
                 qsort(rows, n, sizeof *rows, child_row_compare);
@@ -818,7 +811,7 @@ static int census_children(const CensusQueries *q, uint64_t dir, CountedList *al
                 if ((i > 0 && rows[i].len == rows[i - 1].len &&
                      memcmp(rows[i].name, rows[i - 1].name, (size_t) rows[i].len) == 0) || rows[i].ino == 0)
                         continue;       /* hidden by the entry above, or a whiteout */
-                r = census_inode(q, rows[i].ino, &mode, &size);
+                r = stack_inode(st, rows[i].ino, &mode, &size);
                 if (r <= 0)
                         continue;       /* missing: reported with its entry */
                 r = counted_list_add(all, rows[i].ino, mode, size);
@@ -836,7 +829,6 @@ static int census_children(const CensusQueries *q, uint64_t dir, CountedList *al
  * open) whose row is the topmost, each once; the bytes of the regular files
  * among them. */
 static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_logical) {
-        _cleanup_(census_queries_done) CensusQueries q = { .n = st->n };
         _cleanup_(counted_list_done) CountedList all = {};
         _cleanup_(id_list_done) IdList dirs = {};
         uint64_t entries = 0, inodes = 0, logical = 0;
@@ -871,20 +863,12 @@ static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_log
                         return 0;
                 }
 
-        q.children = calloc(st->n, sizeof *q.children);
-        q.inode = calloc(st->n, sizeof *q.inode);
-        if (!q.children || !q.inode)
-                return -ENOMEM;
         for (size_t i = 0; i < st->n; i++) {
                 int64_t v = 0;
 
                 if (!st->dbs[i])
                         continue;
-                r = sqlite_prepare(st->dbs[i], "SELECT name, ino FROM dentries WHERE parent = ?1", &q.children[i]);
-                if (r >= 0)
-                        r = sqlite_prepare(st->dbs[i], "SELECT mode, size FROM inodes WHERE ino = ?1", &q.inode[i]);
-                if (r >= 0)
-                        r = sqlite_query_int(st->dbs[i], "SELECT count(*) FROM dentries", &v);
+                r = sqlite_query_int(st->dbs[i], "SELECT count(*) FROM dentries", &v);
                 if (r < 0)
                         return r;
                 entries += (uint64_t) v;
@@ -894,7 +878,7 @@ static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_log
                 uint32_t mode = 0;
                 uint64_t size = 0;
 
-                r = census_inode(&q, 1, &mode, &size);
+                r = stack_inode(st, 1, &mode, &size);
                 if (r > 0)
                         r = counted_list_add(&all, 1, mode, size);
                 if (r >= 0)
@@ -905,7 +889,7 @@ static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_log
                 if (dirs.n > entries + 1)
                         r = -ELOOP;
                 else
-                        r = census_children(&q, dirs.ids[k], &all, &dirs);
+                        r = census_children(st, dirs.ids[k], &all, &dirs);
         }
         if (r < 0)
                 return r;
@@ -924,7 +908,7 @@ static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_log
                                 uint32_t mode = 0;
                                 uint64_t size = 0;
 
-                                r = census_inode(&q, ino, &mode, &size);
+                                r = stack_inode(st, ino, &mode, &size);
                                 if (r > 0)
                                         r = counted_list_add(&all, ino, mode, size);
                         }
