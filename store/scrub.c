@@ -825,9 +825,9 @@ static int census_children(const Stack *st, uint64_t dir, CountedList *all, IdLi
 }
 
 /* What the volume counts: the inodes reachable from the root through the
- * entries that win, and those left without a name (nlink 0, unlinked while
- * open) whose row is the topmost, each once; the bytes of the regular files
- * among them. */
+ * entries that win, each once, and the bytes of the regular files among
+ * them. Those left without a name (nlink 0) left the counters when they
+ * lost it. */
 static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_logical) {
         _cleanup_(counted_list_done) CountedList all = {};
         _cleanup_(id_list_done) IdList dirs = {};
@@ -836,8 +836,8 @@ static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_log
         int r;
 
         /* One database: the same census in one query. Rows that nothing
-         * reaches (a fold keeps the rows of inodes dropped above it) do not
-         * count; those unlinked while open (nlink 0) do. */
+         * reaches (unlinked while open; a fold keeps the rows of inodes
+         * dropped above it) do not count. */
         for (size_t i = 0; i < st->n; i++)
                 databases += st->dbs[i] != NULL;
         if (databases == 1)
@@ -850,7 +850,7 @@ static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_log
                                            "WITH RECURSIVE reach(ino) AS (SELECT 1 UNION SELECT d.ino FROM dentries d "
                                            "  JOIN reach ON d.parent = reach.ino WHERE d.ino != 0) "
                                            "SELECT count(*), coalesce(sum(CASE WHEN mode & ?1 = ?2 THEN size END), 0) "
-                                           "FROM inodes WHERE nlink = 0 OR ino IN reach", &totals);
+                                           "FROM inodes WHERE ino IN reach", &totals);
                         if (r < 0)
                                 return r;
                         sqlite3_bind_int64(totals, 1, S_IFMT);
@@ -893,29 +893,6 @@ static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_log
         }
         if (r < 0)
                 return r;
-
-        for (size_t i = 0; i < st->n; i++) {
-                _cleanup_stmt_ sqlite3_stmt *orphans = NULL;
-
-                if (!st->dbs[i])
-                        continue;
-                r = sqlite_prepare(st->dbs[i], "SELECT ino FROM inodes WHERE nlink = 0", &orphans);
-                while (r >= 0 && (r = sqlite_step_row(orphans)) > 0) {
-                        uint64_t ino = (uint64_t) sqlite3_column_int64(orphans, 0);
-
-                        r = stack_row_hidden(st, i, ino);
-                        if (r == 0) {
-                                uint32_t mode = 0;
-                                uint64_t size = 0;
-
-                                r = stack_inode(st, ino, &mode, &size);
-                                if (r > 0)
-                                        r = counted_list_add(&all, ino, mode, size);
-                        }
-                }
-                if (r < 0)
-                        return r;
-        }
 
         if (all.n > 0)
                 qsort(all.items, all.n, sizeof *all.items, counted_compare);

@@ -565,9 +565,11 @@ static int inline_resize(InodeRow *row, size_t size) {
         return 0;
 }
 
-static void logical_size_changed(Volume *v, uint64_t old_size, uint64_t new_size) {
-        v->counters.logical_bytes += new_size;
-        v->counters.logical_bytes -= MIN(v->counters.logical_bytes, old_size);
+void logical_size_changed(Volume *v, const InodeRow *row, uint64_t old_size, uint64_t new_size) {
+        uint64_t *bytes = row->nlink > 0 ? &v->counters.logical_bytes : &v->orphan_bytes;
+
+        *bytes += new_size;
+        *bytes -= MIN(*bytes, old_size);
 }
 
 static int blocks_write(Volume *v, const InodeRow *row, const uint8_t *in, size_t size, uint64_t offset) {
@@ -655,7 +657,7 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
         r = inode_put(v, &row);
         if (r < 0)
                 return r;
-        logical_size_changed(v, old_size, row.size);
+        logical_size_changed(v, &row, old_size, row.size);
 
         if (v->n_dirty >= v->flush_ahead_at && !v->flush_ahead_wanted && v->committer_running) {
                 v->flush_ahead_wanted = true;
@@ -736,7 +738,7 @@ int data_truncate(Volume *v, InodeRow *row, uint64_t size) {
                 row->lower_limit = MIN(row->lower_limit, size);
         }
         row->size = size;
-        logical_size_changed(v, old_size, size);
+        logical_size_changed(v, row, old_size, size);
         return 0;
 }
 
@@ -925,7 +927,7 @@ static int clone_share_block(Volume *dst, uint64_t ino, uint64_t idx, uint64_t l
         r = inode_put(dst, &row);
         if (r < 0)
                 return r;
-        logical_size_changed(dst, old_size, row.size);
+        logical_size_changed(dst, &row, old_size, row.size);
         return 1;
 }
 

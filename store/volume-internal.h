@@ -88,8 +88,13 @@ struct Volume {
         TopStatements top;
         bool top_prepared;
 
+        /* Inodes with names and the bytes of the regular files among them:
+         * what a snapshot, a later mount and fsck see. */
         LayerCounters counters;
-        uint64_t quota_bytes;   /* limit of counters.logical_bytes, 0: none */
+        /* Bytes of regular files unlinked while open, ours until the kernel
+         * forgets them: they count against the quota, not in the counters. */
+        uint64_t orphan_bytes;
+        uint64_t quota_bytes;   /* limit of counters.logical_bytes + orphan_bytes, 0: none */
         bool in_transaction;
         bool changed;
         /* A commit failed and SQLite rolled the transaction back: what the
@@ -179,6 +184,8 @@ int inode_put(Volume *v, const InodeRow *row);
 /* Returns the row after copying it up into the top layer if needed. */
 int inode_get_for_write(Volume *v, uint64_t ino, InodeRow *ret);
 int inode_drop(Volume *v, const InodeRow *row);
+void inode_unlinked(Volume *v, const InodeRow *row);
+void logical_size_changed(Volume *v, const InodeRow *row, uint64_t old_size, uint64_t new_size);
 void inode_to_stat(Volume *v, const InodeRow *row, struct stat *ret);
 
 int dentry_get(Volume *v, uint64_t parent, const char *name, uint64_t *ret_ino, mode_t *ret_type);

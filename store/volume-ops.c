@@ -353,6 +353,8 @@ static int remove_name(Volume *v, uint64_t parent, const char *name, bool want_d
         r = inode_put(v, &row);
         if (r < 0)
                 return r;
+        if (row.nlink == 0)
+                inode_unlinked(v, &row);
         touch_parent(&dir);
         return inode_put(v, &dir);
 }
@@ -377,8 +379,11 @@ void volume_forget(Volume *v, uint64_t ino) {
          * is ours to drop. */
         if (row.layer == 0)
                 (void) inode_drop(v, &row);
-        else
+        else {
                 data_forget_dirty(v, ino, 0, row.size);
+                if (S_ISREG(row.mode))
+                        v->orphan_bytes -= MIN(v->orphan_bytes, row.size);
+        }
 }
 
 /* A directory moves from one parent to another: link counts follow. */
@@ -429,6 +434,8 @@ static int rename_check_replace(Volume *v, const InodeRow *src, InodeRow *dst, I
                         return -EISDIR;
                 dst->nlink--;
         }
+        if (dst->nlink == 0)
+                inode_unlinked(v, dst);
         dst->ctime_ns = timestamp_now();
         return 0;
 }

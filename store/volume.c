@@ -387,7 +387,7 @@ static void quota_refresh(Volume *v) {
 int volume_check_quota(Volume *v, uint64_t bytes) {
         if (v->quota_bytes == 0 || bytes == 0)
                 return 0;
-        if (v->counters.logical_bytes + bytes > v->quota_bytes)
+        if (v->counters.logical_bytes + v->orphan_bytes + bytes > v->quota_bytes)
                 return -EDQUOT;
         return 0;
 }
@@ -884,6 +884,8 @@ int inode_get_attr_for_write(Volume *v, uint64_t ino, InodeRow *ret) {
         return inode_find_for_write(v, ino, false, ret);
 }
 
+/* Drops an inode without names (already out of the counters) from the top
+ * layer, with its data. */
 int inode_drop(Volume *v, const InodeRow *row) {
         int r;
 
@@ -909,11 +911,21 @@ int inode_drop(Volume *v, const InodeRow *row) {
                         return r;
         }
         if (S_ISREG(row->mode))
-                v->counters.logical_bytes -= MIN(v->counters.logical_bytes, row->size);
-        if (v->counters.inodes > 0)
-                v->counters.inodes--;
+                v->orphan_bytes -= MIN(v->orphan_bytes, row->size);
         volume_mark_changed(v);
         return 0;
+}
+
+/* An inode that lost its last name leaves the counters at once, not when
+ * the kernel forgets it: a snapshot taken meanwhile can never open it, nor
+ * can the next mount. */
+void inode_unlinked(Volume *v, const InodeRow *row) {
+        if (v->counters.inodes > 0)
+                v->counters.inodes--;
+        if (S_ISREG(row->mode)) {
+                v->counters.logical_bytes -= MIN(v->counters.logical_bytes, row->size);
+                v->orphan_bytes += row->size;
+        }
 }
 
 void inode_to_stat(Volume *v, const InodeRow *row, struct stat *ret) {

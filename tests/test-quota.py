@@ -5,7 +5,8 @@ at write() (every write() reaches the server before it returns, so no
 error waits for close() to turn into EIO), what write() accepted is what
 is stored, everything written and fsync'd before stays intact, removing files makes room, a raised limit
 applies to the mounted subvolume within seconds, and snapshots keep the
-limit of their source."""
+limit of their source. A file unlinked while open counts until it is
+closed."""
 
 import errno
 import os
@@ -98,6 +99,33 @@ def run():
         t.check_equal(store.show('ws')['quota_bytes'], 0, 'quota_bytes after set-quota none')
         with store.mount('ws') as m:
             t.check_equal(write_synced(m.p('huge'), t.random_bytes(12 * MiB, 5)), None, 'writing with no quota')
+        # A file unlinked while open keeps its room until it is closed, as
+        # on a local file system: its own writes meet the limit too.
+        store.create('held')
+        store.run('subvolume', 'set-quota', 'held', '2M')
+        with store.mount('held') as m:
+            t.check_equal(write_synced(m.p('f'), t.random_bytes(1536 * KiB, 7)), None,
+                          'writing 1.5 MiB under a 2 MiB quota')
+            fd = os.open(m.p('f'), os.O_RDWR)
+            try:
+                os.unlink(m.p('f'))
+                t.check_equal(write_synced(m.p('g'), t.random_bytes(1 * MiB, 8)), errno.EDQUOT,
+                              'writing 1 MiB while 1.5 MiB are unlinked but open: the error')
+                t.expect_errno(errno.EDQUOT, os.pwrite, fd, t.random_bytes(1 * MiB, 9), 1536 * KiB,
+                               what='extending a file unlinked while open past the limit')
+            finally:
+                os.close(fd)
+            # The kernel tells the server it forgot the file after close().
+            deadline = time.monotonic() + 10
+            while True:
+                err = write_synced(m.p('g'), t.random_bytes(1 * MiB, 8))
+                if err is None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            t.check_equal(err, None, 'writing 1 MiB within 10 s of closing the unlinked file')
+        info = store.show('held')
+        t.check_equal((info['inodes'], info['logical_bytes']), (2, 1 * MiB), 'held: inodes and logical bytes')
+
         r = store.run('subvolume', 'set-quota', 'missing', '1M', expect=1)
         t.check('missing' in r.err, f'set-quota of a missing subvolume names it:\n{r.describe()}')
         store.run('subvolume', 'set-quota', 'ws', 'lots', expect=2)

@@ -3,8 +3,9 @@
 """Snapshots as their users rely on them: isolated both ways, read-only ones
 refuse writes, snapshots of snapshots, deleting a subvolume whose blocks a
 snapshot shares, snapshots of a subvolume being written, one writable mount
-at a time, allocated blocks of files over a snapshot's, and space
-accounting that the reaper makes good."""
+at a time, allocated blocks of files over a snapshot's, space
+accounting that the reaper makes good, and counts that leave out files
+unlinked while open."""
 
 import errno
 import os
@@ -344,6 +345,41 @@ def test_space(store):
             f'the store uses {disk_before} -> {disk_after} bytes on disk after reaping {size} bytes')
 
 
+def test_open_unlinked(store):
+    """A file unlinked while still open when snapshots are taken is in
+    neither snapshot's counts, nor, once closed, in the subvolume's; it
+    reads and writes through its descriptor meanwhile, and fsck finds every
+    subvolume's counters exact."""
+    store.create('orph')
+    held = t.random_bytes(300 * KiB, 21)
+    with store.mount('orph') as m:
+        t.write_file(J(m.path, 'stays'), b'a' * 5000, fsync=True)
+        t.write_file(J(m.path, 'held'), held, fsync=True)
+        fd = os.open(J(m.path, 'held'), os.O_RDWR)
+        try:
+            os.unlink(J(m.path, 'held'))
+            store.snapshot('orph', 'orph-ro', readonly=True)
+            store.snapshot('orph', 'orph-rw')
+            os.pwrite(fd, b'z' * 70000, 400 * KiB)
+            t.check_bytes(os.pread(fd, 600 * KiB, 0), held + bytes(100 * KiB) + b'z' * 70000,
+                          'a file unlinked while open, written after snapshots')
+        finally:
+            os.close(fd)
+        t.write_file(J(m.path, 'new'), b'b' * 100, fsync=True)
+        t.fsync_dir(m.path)
+    # The root counts, as on any file system.
+    for name, counts in (('orph', (3, 5100)), ('orph-ro', (2, 5000)), ('orph-rw', (2, 5000))):
+        info = store.show(name)
+        t.check_equal((info['inodes'], info['logical_bytes']), counts, f'{name}: inodes and logical bytes')
+    store.fsck()
+    store.delete('orph-ro', reap=False)
+    store.delete('orph-rw', reap=False)
+    store.reap()
+    store.fsck()
+    t.check_equal((store.show('orph')['inodes'], store.show('orph')['logical_bytes']), (3, 5100),
+                  'orph after its snapshots were folded away: inodes and logical bytes')
+
+
 def run():
     t.require_fuse()
     with t.Store('snapshot') as store:
@@ -361,6 +397,7 @@ def run():
         sub.run('one writable mount, delete refused while mounted', test_single_writer, store)
         sub.run('allocated blocks through layers', test_blocks_through_layers, store)
         sub.run('space accounting and reap', test_space, store)
+        sub.run('snapshots while a file is unlinked but open', test_open_unlinked, store)
         sub.check()
 
 
