@@ -5,9 +5,18 @@ a plain directory of the host and to a mounted subvolume: every result must
 be the same (data read, errors), and so must the trees, byte for byte and
 attribute for attribute, also after a remount and in a snapshot.
 
+Stacked runs go on writing while snapshots of the mounted subvolume are
+taken (read-only and writable, with files held open across them), deleted
+and reaped (which folds the layers they leave behind): every snapshot must
+keep what the host tree held when it was taken, and the subvolume what the
+host tree holds now, through every fold and remount, and fsck must find
+the store consistent.
+
   COWBOX_SEED=N                       replay one seed (printed by every run)
   COWBOX_RANDOMOPS_SEEDS=N            how many seeds (default 3)
   COWBOX_RANDOMOPS_ITERATIONS=N       operations per seed (default 2000)
+  COWBOX_STACKED_SEED=N               replay one seed of the stacked runs
+  COWBOX_RANDOMOPS_STACKED_SEEDS=N    how many stacked runs (default 2)
   COWBOX_RANDOMOPS_EXCLUDE=a,b        leave out kinds of operation (to narrow down
                                       a failure; the sequence changes with it)
 """
@@ -17,6 +26,7 @@ import errno
 import hashlib
 import os
 import random
+import shutil
 import stat
 import sys
 
@@ -31,6 +41,8 @@ MAX_DEPTH = 4
 MAX_FILE = 2 * MiB
 KEPT_SLOTS = 4
 CHECK_EVERY = 500
+STACK_EVERY = (40, 200)     # operations between two snapshots, deletes, reaps or remounts
+MAX_SNAPSHOTS = 5
 XATTR_NAMES = [f'user.k{i}' for i in range(6)]
 UIDS = [0, 1, 1000, 65534]
 FILE_MODES = [0o644, 0o600, 0o755, 0o444, 0o4755, 0o2755, 0o000]
@@ -354,6 +366,57 @@ def normalize_times(root, seed):
                  follow_symlinks=False)
 
 
+class Run:
+    """One seed's operations, applied to the host tree and the mount alike,
+    with what is needed to report and replay a difference."""
+
+    def __init__(self, seed, replay):
+        self.seed = seed
+        self.replay = replay
+        self.history = collections.deque(maxlen=25)
+        self.counts = collections.Counter()
+        self.errors = collections.Counter()
+
+    def fail(self, message):
+        ops = '\n  '.join(self.history)
+        t.fail(f'seed {self.seed}: {message}\nlast operations:\n  {ops}\nreplay with {self.replay}')
+
+    def note(self, event):
+        self.history.append(event)
+
+    def apply(self, i, op, host, mnt):
+        self.history.append(f'#{i} {describe(op)}')
+        want = host.apply(op)
+        got = mnt.apply(op)
+        self.counts[op[0]] += 1
+        if want[0] == 'err':
+            self.errors[t.errno_name(want[1])] += 1
+        if want == got:
+            return
+
+        def show(o):
+            if o[0] == 'err':
+                return t.errno_name(o[1])
+            if isinstance(o[1], bytes):
+                return f'{len(o[1])} bytes {hashlib.sha256(o[1]).hexdigest()[:8]}'
+            return repr(o[1])
+        extra = ''
+        if want[0] == got[0] == 'ok' and isinstance(want[1], bytes) and isinstance(got[1], bytes):
+            extra = f'; first difference at {t.first_difference(want[1], got[1])}'
+        self.fail(f'operation #{i} {describe(op)}: host gave {show(want)}, mount gave {show(got)}{extra}')
+
+    def compare(self, host_root, path, what, **kwargs):
+        diffs = t.compare_trees(host_root, path, label_a='host', label_b=what, **kwargs)
+        if diffs:
+            self.fail(f'{what} differs from the host:\n  ' + '\n  '.join(diffs[:30]))
+
+    def report(self, host_root):
+        print(f'  operations: {dict(sorted(self.counts.items()))}')
+        print(f'  errors both sides agreed on: {dict(sorted(self.errors.items()))}')
+        entries = HostState(host_root).count
+        print(f'  {entries} entries, {t.disk_usage(host_root) // KiB} KiB on the host', flush=True)
+
+
 def run_seed(store, seed, iterations, features, host_root):
     print(f'seed {seed}: {iterations} operations (replay: COWBOX_SEED={seed} COWBOX_RANDOMOPS_ITERATIONS={iterations})',
           flush=True)
@@ -363,74 +426,147 @@ def run_seed(store, seed, iterations, features, host_root):
     os.chmod(host_root, 0o755)
     rng = random.Random(seed)
     gen = Generator(rng, features)
-    history = collections.deque(maxlen=25)
-    counts = collections.Counter()
-    errors = collections.Counter()
-
-    def failure(message):
-        ops = '\n  '.join(history)
-        t.fail(f'seed {seed}: {message}\nlast operations:\n  {ops}\n'
-               f'replay with COWBOX_SEED={seed} COWBOX_RANDOMOPS_ITERATIONS={iterations}')
+    run = Run(seed, f'COWBOX_SEED={seed} COWBOX_RANDOMOPS_ITERATIONS={iterations}')
 
     with store.mount(name) as m:
         host, mnt = Tree(host_root), Tree(m.path)
         try:
             for i in range(iterations):
-                op = gen.next(HostState(host_root))
-                history.append(f'#{i} {describe(op)}')
-                want = host.apply(op)
-                got = mnt.apply(op)
-                counts[op[0]] += 1
-                if want[0] == 'err':
-                    errors[t.errno_name(want[1])] += 1
-                if want != got:
-                    def show(o):
-                        if o[0] == 'err':
-                            return t.errno_name(o[1])
-                        if isinstance(o[1], bytes):
-                            return f'{len(o[1])} bytes {hashlib.sha256(o[1]).hexdigest()[:8]}'
-                        return repr(o[1])
-                    extra = ''
-                    if want[0] == got[0] == 'ok' and isinstance(want[1], bytes) and isinstance(got[1], bytes):
-                        extra = f'; first difference at {t.first_difference(want[1], got[1])}'
-                    failure(f'operation #{i} {describe(op)}: host gave {show(want)}, mount gave {show(got)}{extra}')
+                run.apply(i, gen.next(HostState(host_root)), host, mnt)
                 if (i + 1) % CHECK_EVERY == 0 or i + 1 == iterations:
-                    diffs = t.compare_trees(host_root, m.path, mtime=False, label_a='host', label_b='mount')
-                    if diffs:
-                        failure(f'after operation #{i} the trees differ:\n  ' + '\n  '.join(diffs[:30]))
+                    run.compare(host_root, m.path, f'the mount after operation #{i}', mtime=False)
         finally:
             host.close_all()
             mnt.close_all()
-        print(f'  operations: {dict(sorted(counts.items()))}')
-        print(f'  errors both sides agreed on: {dict(sorted(errors.items()))}')
-        entries = HostState(host_root).count
-        print(f'  {entries} entries, {t.disk_usage(host_root) // KiB} KiB on the host', flush=True)
+        run.report(host_root)
         normalize_times(host_root, seed)
         normalize_times(m.path, seed)
-        diffs = t.compare_trees(host_root, m.path, label_a='host', label_b='mount')
-        if diffs:
-            failure('the trees differ (times included):\n  ' + '\n  '.join(diffs[:30]))
+        run.compare(host_root, m.path, 'the mount (times included)')
         m.remount()
-        diffs = t.compare_trees(host_root, m.path, label_a='host', label_b='mount after remount')
-        if diffs:
-            failure('after a remount the trees differ:\n  ' + '\n  '.join(diffs[:30]))
+        run.compare(host_root, m.path, 'the mount after a remount')
     store.snapshot(name, name + '-snap', readonly=True)
     with store.mount(name + '-snap') as s:
-        diffs = t.compare_trees(host_root, s.path, label_a='host', label_b='read-only snapshot')
-        if diffs:
-            failure('the snapshot differs:\n  ' + '\n  '.join(diffs[:30]))
+        run.compare(host_root, s.path, 'a read-only snapshot')
+
+
+class Stack:
+    """The snapshots of one stacked run, each with the host tree's copy
+    from the moment it was taken."""
+
+    def __init__(self, store, run, name, tmp):
+        self.store = store
+        self.run = run
+        self.name = name
+        self.tmp = tmp
+        self.snapshots = {}     # name -> (host copy, read-only)
+        self.taken = 0
+        self.counts = collections.Counter()
+
+    def snapshot(self, host_root, readonly):
+        self.taken += 1
+        name = f'{self.name}-s{self.taken}'
+        self.run.note(f'snapshot{" -r" if readonly else ""} {name}')
+        self.store.snapshot(self.name, name, readonly=readonly)
+        copy = os.path.join(self.tmp, name)
+        t.copy_tree(host_root, copy)
+        self.snapshots[name] = (copy, readonly)
+        self.counts['snapshot'] += 1
+
+    def delete(self, name):
+        self.run.note(f'delete {name}')
+        self.store.delete(name, reap=False)
+        shutil.rmtree(self.snapshots.pop(name)[0])
+        self.counts['delete'] += 1
+
+    def reap(self):
+        self.run.note('reap')
+        self.store.reap()
+        self.counts['reap'] += 1
+
+    def check_snapshots(self, when):
+        for name, (copy, readonly) in sorted(self.snapshots.items()):
+            with self.store.mount(name, readonly=readonly) as s:
+                self.run.compare(copy, s.path, f'snapshot {name} {when}', mtime=False)
+
+
+def run_stacked_seed(store, seed, iterations, features, tmp):
+    replay = f'COWBOX_STACKED_SEED={seed} COWBOX_RANDOMOPS_ITERATIONS={iterations}'
+    print(f'stacked seed {seed}: {iterations} operations (replay: {replay})', flush=True)
+    name = f'stacked-{seed}'
+    host_root = os.path.join(tmp, f'host-{name}')
+    store.create(name)
+    os.mkdir(host_root)
+    os.chmod(host_root, 0o755)
+    rng = random.Random(seed)
+    gen = Generator(rng, features)
+    run = Run(seed, replay)
+    stack = Stack(store, run, name, tmp)
+    next_event = rng.randrange(*STACK_EVERY)
+
+    with store.mount(name) as m:
+        host, mnt = Tree(host_root), Tree(m.path)
+        try:
+            for i in range(iterations):
+                run.apply(i, gen.next(HostState(host_root)), host, mnt)
+                if i + 1 < next_event:
+                    continue
+                next_event = i + 1 + rng.randrange(*STACK_EVERY)
+                event = rng.choices(['snapshot', 'delete', 'reap', 'remount'], [5, 3, 2, 1])[0]
+                if event == 'snapshot' and len(stack.snapshots) < MAX_SNAPSHOTS:
+                    # Files held open stay open: their next writes must not
+                    # reach the snapshot.
+                    stack.snapshot(host_root, readonly=rng.random() < 0.5)
+                elif event == 'delete' and stack.snapshots:
+                    stack.delete(rng.choice(sorted(stack.snapshots)))
+                elif event == 'reap':
+                    # Frozen layers fold under the running server.
+                    stack.reap()
+                    run.compare(host_root, m.path, f'the mount after a reap at #{i}', mtime=False)
+                    stack.check_snapshots(f'after a reap at #{i}')
+                elif event == 'remount':
+                    # Unmounted, the writable top folds too.
+                    host.close_all()
+                    mnt.close_all()
+                    run.note('remount, reap and fsck between')
+                    m.unmount()
+                    stack.reap()
+                    store.fsck()
+                    m.mount()
+                    stack.counts['remount'] += 1
+                    run.compare(host_root, m.path, f'the mount after a reap while unmounted at #{i}', mtime=False)
+        finally:
+            host.close_all()
+            mnt.close_all()
+        run.report(host_root)
+        print(f'  stack events: {dict(sorted(stack.counts.items()))}', flush=True)
+        run.compare(host_root, m.path, 'the mount at the end', mtime=False)
+    for snapshot in sorted(stack.snapshots)[:-1]:
+        stack.delete(snapshot)
+    stack.reap()
+    store.fsck()
+    stack.check_snapshots('at the end')
+    with store.mount(name) as m:
+        run.compare(host_root, m.path, 'the subvolume at the end, remounted', mtime=False)
 
 
 def run():
     t.require_fuse()
     iterations = t.env_int('COWBOX_RANDOMOPS_ITERATIONS', 2000)
     seeds = t.seeds('COWBOX_SEED', 'COWBOX_RANDOMOPS_SEEDS', 3)
-    print(f'seeds {seeds}', flush=True)
+    stacked = t.seeds('COWBOX_STACKED_SEED', 'COWBOX_RANDOMOPS_STACKED_SEEDS', 2)
+    # A replay runs only the seed it names.
+    if os.environ.get('COWBOX_SEED') and not os.environ.get('COWBOX_STACKED_SEED'):
+        stacked = []
+    elif os.environ.get('COWBOX_STACKED_SEED') and not os.environ.get('COWBOX_SEED'):
+        seeds = []
+    print(f'seeds {seeds}, stacked {stacked}', flush=True)
     os.umask(0)
     with t.Store('randomops') as store:
         features = host_features(store.tmp)
         for seed in seeds:
             run_seed(store, seed, iterations, features, os.path.join(store.tmp, f'host-{seed}'))
+        for seed in stacked:
+            run_stacked_seed(store, seed, iterations, features, store.tmp)
 
 
 t.main(run)
