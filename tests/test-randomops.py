@@ -6,8 +6,9 @@ be the same (data read, errors), and so must the trees, byte for byte and
 attribute for attribute, also after a remount and in a snapshot.
 
 Stacked runs go on writing while snapshots of the mounted subvolume are
-taken (read-only and writable, with files held open across them), deleted
-and reaped (which folds the layers they leave behind): every snapshot must
+taken (read-only and writable, with files held open across them), written
+to (the writable ones), deleted and reaped (which folds the layers they
+leave behind): every snapshot must
 keep what the host tree held when it was taken, and the subvolume what the
 host tree holds now, through every fold and remount, and fsck must find
 the store consistent.
@@ -483,6 +484,26 @@ class Stack:
         self.store.reap()
         self.counts['reap'] += 1
 
+    def write_branch(self, gen, rng, i):
+        """Writes into a writable snapshot for a while: its stack forks
+        from the subvolume's at the layer they share."""
+        writable = sorted(n for n, (_, readonly) in self.snapshots.items() if not readonly)
+        if not writable:
+            return
+        name = rng.choice(writable)
+        copy = self.snapshots[name][0]
+        self.run.note(f'writes into {name}')
+        with self.store.mount(name) as s:
+            host, mnt = Tree(copy), Tree(s.path)
+            try:
+                for k in range(rng.randrange(10, 60)):
+                    self.run.apply(f'{i}.{name}.{k}', gen.next(HostState(copy)), host, mnt)
+            finally:
+                host.close_all()
+                mnt.close_all()
+            self.run.compare(copy, s.path, f'snapshot {name} after writes into it', mtime=False)
+        self.counts['branch writes'] += 1
+
     def check_snapshots(self, when):
         for name, (copy, readonly) in sorted(self.snapshots.items()):
             with self.store.mount(name, readonly=readonly) as s:
@@ -511,11 +532,13 @@ def run_stacked_seed(store, seed, iterations, features, tmp):
                 if i + 1 < next_event:
                     continue
                 next_event = i + 1 + rng.randrange(*STACK_EVERY)
-                event = rng.choices(['snapshot', 'delete', 'reap', 'remount'], [5, 3, 2, 1])[0]
+                event = rng.choices(['snapshot', 'delete', 'reap', 'remount', 'branch'], [5, 3, 2, 1, 2])[0]
                 if event == 'snapshot' and len(stack.snapshots) < MAX_SNAPSHOTS:
                     # Files held open stay open: their next writes must not
                     # reach the snapshot.
                     stack.snapshot(host_root, readonly=rng.random() < 0.5)
+                elif event == 'branch':
+                    stack.write_branch(gen, rng, i)
                 elif event == 'delete' and stack.snapshots:
                     stack.delete(rng.choice(sorted(stack.snapshots)))
                 elif event == 'reap':
