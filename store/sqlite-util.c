@@ -39,6 +39,19 @@ int sqlite_errno(int rc) {
         }
 }
 
+/* A write that failed for want of space is ENOSPC, not EIO: SQLite reports
+ * it as an I/O error (of its journal, or of the WAL index that even a
+ * reader must extend), and keeps the system's errno. */
+static int sqlite_db_errno(sqlite3 *db, int rc) {
+        if ((rc & 0xff) == SQLITE_IOERR && db) {
+                int e = sqlite3_system_errno(db);
+
+                if (e == ENOSPC || e == EDQUOT)
+                        return -ENOSPC;
+        }
+        return sqlite_errno(rc);
+}
+
 static void sqlite_configure(void) {
         /* No bulk allocation of 20 cache pages when a connection reads its
          * first page: filling it in touches every page of it, a fault each,
@@ -60,7 +73,7 @@ int sqlite_open(const char *path, int flags, bool wal, sqlite3 **ret) {
                 flags |= SQLITE_OPEN_NOMUTEX;
         rc = sqlite3_open_v2(path, &db, flags | SQLITE_OPEN_EXRESCODE, NULL);
         if (rc != SQLITE_OK)
-                return sqlite_errno(rc);
+                return sqlite_db_errno(db, rc);
 
         (void) sqlite3_busy_timeout(db, 30000);
 
@@ -79,11 +92,11 @@ int sqlite_open(const char *path, int flags, bool wal, sqlite3 **ret) {
 }
 
 int sqlite_exec(sqlite3 *db, const char *sql) {
-        return sqlite_errno(sqlite3_exec(db, sql, NULL, NULL, NULL));
+        return sqlite_db_errno(db, sqlite3_exec(db, sql, NULL, NULL, NULL));
 }
 
 int sqlite_prepare(sqlite3 *db, const char *sql, sqlite3_stmt **ret) {
-        return sqlite_errno(sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, ret, NULL));
+        return sqlite_db_errno(db, sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, ret, NULL));
 }
 
 int sqlite_step_done(sqlite3_stmt *st) {
@@ -91,7 +104,7 @@ int sqlite_step_done(sqlite3_stmt *st) {
         (void) sqlite3_reset(st);
         if (rc == SQLITE_DONE || rc == SQLITE_ROW)
                 return 0;
-        return sqlite_errno(rc);
+        return sqlite_db_errno(sqlite3_db_handle(st), rc);
 }
 
 int sqlite_step_row(sqlite3_stmt *st) {
@@ -100,14 +113,14 @@ int sqlite_step_row(sqlite3_stmt *st) {
                 return 1;
         if (rc == SQLITE_DONE)
                 return 0;
-        return sqlite_errno(rc);
+        return sqlite_db_errno(sqlite3_db_handle(st), rc);
 }
 
 int sqlite_query_int(sqlite3 *db, const char *sql, int64_t *ret_value) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         int r;
 
-        r = sqlite_errno(sqlite3_prepare_v2(db, sql, -1, &st, NULL));
+        r = sqlite_db_errno(db, sqlite3_prepare_v2(db, sql, -1, &st, NULL));
         if (r < 0)
                 return r;
         r = sqlite_step_row(st);
