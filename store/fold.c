@@ -348,6 +348,10 @@ int fold_layers(Store *s, StoreReapStats *stats) {
                 folded = false;
                 for (size_t i = 0; i < n && !folded; i++) {
                         r = fold_one(s, &list[i], stats);
+                        /* A merged layer is a copy: on a full disk it waits
+                         * for the space the rest of the reap gives back. */
+                        if (r == -ENOSPC)
+                                return 0;
                         if (r < 0)
                                 return r;
                         folded = r > 0;

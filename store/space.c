@@ -6,30 +6,98 @@
  * committed: a margin is kept back for metadata, the SQLite journals and
  * cleaning up (unlink, truncate, delete and the reaper always proceed).
  * Data held in memory (dirty blocks) counts as used until it is stored.
+ *
+ * The margin only holds while the store is the one filling the disk. For
+ * when something else fills it, the store keeps a reserve file: space
+ * taken while there is plenty, given back when the disk is nearly full,
+ * so that the store can still open its databases (SQLite must extend the
+ * WAL index even to read), delete and reap; made again once there is room.
  */
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
+#include "fd-util.h"
 #include "store-internal.h"
 
 #define SPACE_CHECK_INTERVAL_USEC 100000
 /* Each SQLite journal may grow by a few MiB before its checkpoint. */
 #define SPACE_MARGIN_MIN (8ull << 20)
 #define SPACE_MARGIN_MAX (256ull << 20)
-
-static void space_refresh(Store *s) {
-        struct statvfs sv;
-
-        if (fstatvfs(s->dir_fd, &sv) < 0)
-                return;
-        s->space.free_bytes = (uint64_t) sv.f_bavail * sv.f_frsize;
-        s->space.total_bytes = (uint64_t) sv.f_blocks * sv.f_frsize;
-        s->space.checked_usec = now_usec();
-}
+#define RESERVE_FILE "reserve"
+#define RESERVE_MAX (16ull << 20)
 
 uint64_t space_margin_of(uint64_t total_bytes) {
         return MIN(MAX(total_bytes / 32, (uint64_t) SPACE_MARGIN_MIN), (uint64_t) SPACE_MARGIN_MAX);
+}
+
+uint64_t space_reserve_of(uint64_t total_bytes) {
+        return MIN(space_margin_of(total_bytes) / 2, (uint64_t) RESERVE_MAX);
+}
+
+/* Made whole before it gets its name: a reserve file is never short. */
+static void reserve_make(int dir_fd, uint64_t size) {
+        _cleanup_close_ int fd = -EBADF;
+        char path[64];
+
+        fd = openat(dir_fd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+        if (fd < 0)
+                return;         /* a file system without O_TMPFILE: no reserve */
+        if (fallocate(fd, 0, 0, (off_t) size) < 0)
+                return;
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        (void) linkat(AT_FDCWD, path, dir_fd, RESERVE_FILE, AT_SYMLINK_FOLLOW); /* EEXIST: made meanwhile */
+}
+
+/* Gives the reserve back when free space is nearly gone (1 if it did),
+ * makes it when there is room for it above the margin. */
+static int reserve_adjust(int dir_fd, uint64_t free_bytes, uint64_t total_bytes) {
+        uint64_t margin = space_margin_of(total_bytes), size = space_reserve_of(total_bytes);
+        struct stat st;
+
+        if (free_bytes < margin / 4)
+                return unlinkat(dir_fd, RESERVE_FILE, 0) >= 0;
+        if (free_bytes >= margin + size && fstatat(dir_fd, RESERVE_FILE, &st, AT_SYMLINK_NOFOLLOW) < 0 &&
+            errno == ENOENT)
+                reserve_make(dir_fd, size);
+        return 0;
+}
+
+static int statvfs_bytes(int dir_fd, uint64_t *ret_free, uint64_t *ret_total) {
+        struct statvfs sv;
+
+        if (fstatvfs(dir_fd, &sv) < 0)
+                return -errno;
+        *ret_free = (uint64_t) sv.f_bavail * sv.f_frsize;
+        *ret_total = (uint64_t) sv.f_blocks * sv.f_frsize;
+        return 0;
+}
+
+int space_reserve_update(int dir_fd) {
+        uint64_t free_bytes = 0, total_bytes = 0;
+        int r;
+
+        r = statvfs_bytes(dir_fd, &free_bytes, &total_bytes);
+        if (r < 0)
+                return r;
+        return reserve_adjust(dir_fd, free_bytes, total_bytes);
+}
+
+static void space_refresh(Store *s) {
+        uint64_t free_bytes = 0, total_bytes = 0;
+
+        if (statvfs_bytes(s->dir_fd, &free_bytes, &total_bytes) < 0)
+                return;
+        if (reserve_adjust(s->dir_fd, free_bytes, total_bytes) > 0 &&
+            statvfs_bytes(s->dir_fd, &free_bytes, &total_bytes) < 0)
+                return;
+        s->space.free_bytes = free_bytes;
+        s->space.total_bytes = total_bytes;
+        s->space.checked_usec = now_usec();
 }
 
 uint64_t space_margin(Store *s) {

@@ -369,6 +369,11 @@ void space_release(Store *s, uint64_t bytes);
 uint64_t space_margin(Store *s);
 /* The margin of a file system of this size. */
 uint64_t space_margin_of(uint64_t total_bytes);
+/* The size of the reserve file on a file system of this size. */
+uint64_t space_reserve_of(uint64_t total_bytes);
+/* Gives back or makes the reserve file as free space requires: 1 if it
+ * gave it back. */
+int space_reserve_update(int dir_fd);
 
 /* ---- fold.c ---- */
 int fold_layers(Store *s, StoreReapStats *stats);

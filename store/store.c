@@ -314,6 +314,10 @@ int store_open(const char *path, Store **ret) {
         if (s->locks_fd < 0)
                 return -EUCLEAN;
 
+        /* Before the catalog: on a full disk, it cannot be opened without
+         * the reserve's space. */
+        (void) space_reserve_update(s->dir_fd);
+
         if (asprintf(&catalog, "%s/catalog.db", path) < 0)
                 return -ENOMEM;
         r = sqlite_open(catalog, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, true, &s->catalog);

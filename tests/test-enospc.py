@@ -5,7 +5,9 @@ Several writers fill it through the mount until writes or fsyncs fail with
 ENOSPC; a write() on the full disk fails itself, not a later close();
 everything fsync'd before reads back intact, also after a remount;
 unlinking and deleting work on the full disk; after a reap the space is back
-and writing works again, with no repair; fsck finds the store consistent."""
+and writing works again, with no repair; fsck finds the store consistent.
+When another program fills the disk, the store gives back the reserve file
+it keeps for that, and still opens, deletes and reaps."""
 
 import errno
 import os
@@ -175,7 +177,80 @@ def run():
         with store.mount('again') as m:
             verify(m.path, synced, 'fsync\'d data after a remount')
         store.fsck()
+        store.delete('again', reap=False)
+        store.reap()
+
+        test_filled_by_others(store, fs)
         subprocess.run(['sync'])
+
+
+def fill_from_outside(fs):
+    """Takes every free block of the file system, as another program would
+    (as root: the blocks ext4 keeps for root too). Returns the file."""
+    path = os.path.join(fs, 'filler')
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        offset, size = 0, 4 * MiB
+        while size >= 4096:
+            try:
+                os.posix_fallocate(fd, offset, size)
+                offset += size
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                size //= 2
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def test_filled_by_others(store, fs):
+    """Another program fills the disk: the store gives back its reserve
+    file, so that it still opens, deletes and reaps (a fold, which copies
+    a layer, waits for the space), and takes the reserve again once there
+    is room."""
+    reserve = os.path.join(store.path, 'reserve')
+    t.check(os.path.isfile(reserve), 'the store keeps a reserve file while there is room')
+    reserve_size = os.stat(reserve).st_blocks * 512
+    t.check(reserve_size >= 4 * MiB, f'the reserve file holds {reserve_size} bytes')
+
+    # A fold to come of a layer larger than the reserve (large xattrs live
+    # in the layer's database).
+    store.create('base')
+    attrs = {f'x{i}': t.random_bytes(60 * KiB, 100 + i) for i in range(100)}
+    with store.mount('base') as m:
+        for name, value in attrs.items():
+            t.write_file(m.p(name), name.encode())
+            os.setxattr(m.p(name), 'user.big', value)
+    store.snapshot('base', 'base-snap')
+    store.delete('base-snap', reap=False)
+    store.reap()        # drops the snapshot's layer: base's two layers are left to fold
+    store.create('big')
+    with store.mount('big') as m:
+        t.write_file(m.p('data'), t.random_bytes(16 * MiB, 7), fsync=True)
+
+    filler = fill_from_outside(fs)
+    try:
+        t.check_equal(store.names(), ['base', 'big'], 'subvolumes listed on a disk another program filled')
+        t.check(not os.path.exists(reserve), 'the reserve file is still there on the full disk')
+        store.delete('big', reap=False)
+        r = store.run('reap', '--wait')
+        t.check(free_bytes(fs) >= 12 * MiB, f'only {free_bytes(fs)} bytes free after deleting and reaping '
+                f'16 MiB on the full disk:\n{r.describe()}')
+        with store.mount('base', readonly=True) as m:
+            for name, value in attrs.items():
+                t.check_bytes(os.getxattr(m.p(name), 'user.big'), value, f'base: the xattr of {name}')
+    finally:
+        os.unlink(filler)
+    store.reap()
+    store.names()
+    t.check(os.path.isfile(reserve) and os.stat(reserve).st_blocks * 512 == reserve_size,
+            'the reserve file is made again once there is room')
+    with store.mount('base') as m:
+        for name, value in attrs.items():
+            t.check_bytes(os.getxattr(m.p(name), 'user.big'), value, f'base after its fold: the xattr of {name}')
+    store.fsck()
 
 
 t.main(run)
