@@ -335,6 +335,12 @@ int volume_commit_locked(Volume *v, uint64_t must_ino) {
         if (!v->writable || !v->changed)
                 return 0;
 
+        /* Another program may have filled the disk since the space was
+         * checked: what was accepted goes in with the reserve's space. A
+         * commit that fails half way is rolled back, and the volume with
+         * it. */
+        (void) space_reserve_update(v->store->dir_fd);
+
         /* The GC lock is taken where a block reference is made (the flush
          * of dirty blocks, a clone) and held until here: a commit without
          * new references does not wait for a reaper's mark and sweep. */
