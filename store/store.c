@@ -489,6 +489,9 @@ int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
         r = catalog_find_subvolume(s, name, &rec);
         if (r < 0)
                 return r;
+        /* Deleting is how a full disk is cleaned up: a long-lived process
+         * (cowboxd) opened the store when there was room. */
+        (void) space_reserve_update(s->dir_fd);
 
         lock_fd = subvolume_lock(s, rec.id, true, ret_holder);
         if (lock_fd < 0)

@@ -417,6 +417,28 @@ def assert_manifests_equal(a, b, what, **kwargs):
     report_differences(compare_manifests(a, b, **kwargs), what)
 
 
+def fill_file_system(path):
+    """Takes every free block of the file system under path, as another
+    program would (as root: the blocks ext4 keeps for root too). Returns
+    the file that holds them."""
+    filler = os.path.join(path, 'filler')
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        offset, size = 0, 4 * MiB
+        while size >= 4096:
+            try:
+                os.posix_fallocate(fd, offset, size)
+                offset += size
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                size //= 2
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return filler
+
+
 def copy_tree(src, dst):
     """Copies src to dst keeping modes, owners, times, xattrs and hard links."""
     r = subprocess.run(['cp', '-a', '--', src, dst], capture_output=True, text=True)

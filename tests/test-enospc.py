@@ -185,27 +185,6 @@ def run():
         subprocess.run(['sync'])
 
 
-def fill_from_outside(fs):
-    """Takes every free block of the file system, as another program would
-    (as root: the blocks ext4 keeps for root too). Returns the file."""
-    path = os.path.join(fs, 'filler')
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        offset, size = 0, 4 * MiB
-        while size >= 4096:
-            try:
-                os.posix_fallocate(fd, offset, size)
-                offset += size
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
-                size //= 2
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return path
-
-
 def test_filled_by_others(store, fs):
     """Another program fills the disk: the store gives back its reserve
     file, so that what a mount accepted before is committed, and the store
@@ -238,7 +217,7 @@ def test_filled_by_others(store, fs):
         fd = os.open(m.p('unsynced'), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             t.check_equal(os.write(fd, unsynced), MiB, 'a write before the disk fills')
-            filler = fill_from_outside(fs)
+            filler = t.fill_file_system(fs)
             try:
                 os.fsync(fd)
             except OSError as e:
