@@ -674,9 +674,13 @@ def time_argv(argv, cwd=None, env=None):
 
 
 def store_disk_bytes(path):
+    """What a store's files take on the host, less its reserve file (free
+    space held back for cleaning up a full disk, not data)."""
     total = 0
     for dirpath, dirnames, filenames in os.walk(path):
         for name in filenames:
+            if dirpath == path and name == 'reserve':
+                continue
             try:
                 total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
             except FileNotFoundError:
