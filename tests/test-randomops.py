@@ -8,7 +8,7 @@ attribute for attribute, also after a remount and in a snapshot.
 Stacked runs go on writing while snapshots of the mounted subvolume are
 taken (read-only and writable, with files held open across them), written
 to (the writable ones), deleted and reaped (which folds the layers they
-leave behind): every snapshot must
+leave behind), and the server is killed after an fsync: every snapshot must
 keep what the host tree held when it was taken, and the subvolume what the
 host tree holds now, through every fold and remount, and fsck must find
 the store consistent.
@@ -532,7 +532,8 @@ def run_stacked_seed(store, seed, iterations, features, tmp):
                 if i + 1 < next_event:
                     continue
                 next_event = i + 1 + rng.randrange(*STACK_EVERY)
-                event = rng.choices(['snapshot', 'delete', 'reap', 'remount', 'branch'], [5, 3, 2, 1, 2])[0]
+                event = rng.choices(['snapshot', 'delete', 'reap', 'remount', 'branch', 'crash'],
+                                    [5, 3, 2, 1, 2, 1])[0]
                 if event == 'snapshot' and len(stack.snapshots) < MAX_SNAPSHOTS:
                     # Files held open stay open: their next writes must not
                     # reach the snapshot.
@@ -546,6 +547,23 @@ def run_stacked_seed(store, seed, iterations, features, tmp):
                     stack.reap()
                     run.compare(host_root, m.path, f'the mount after a reap at #{i}', mtime=False)
                     stack.check_snapshots(f'after a reap at #{i}')
+                elif event == 'crash':
+                    # A directory's fsync commits everything: after a kill
+                    # the subvolume is what the host tree is, less the
+                    # files that were only held open.
+                    fd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    run.note('fsync of the root, kill -9 of the server')
+                    host.close_all()
+                    mnt.kept = {}   # gone with the server
+                    m.kill()
+                    store.fsck()
+                    m.mount()
+                    stack.counts['crash'] += 1
+                    run.compare(host_root, m.path, f'the mount after a kill at #{i}', mtime=False)
                 elif event == 'remount':
                     # Unmounted, the writable top folds too.
                     host.close_all()
