@@ -64,7 +64,10 @@ static int stack_open(Store *s, const SubvolumeRecord *rec, Stack *ret) {
         if (!ret->dbs || !ret->get_dentry || !ret->get_inode || !ret->list_dentries)
                 return -ENOMEM;
         for (size_t i = 0; i < ret->n; i++) {
-                r = layer_open(s, ret->ids[i], LAYER_READ, &ret->dbs[i]);
+                /* Frozen layers never change: read without locks. */
+                bool frozen = i > 0 || rec->readonly;
+
+                r = layer_open(s, ret->ids[i], frozen ? LAYER_READ_FROZEN : LAYER_READ, &ret->dbs[i]);
                 if (r == -ENOENT)
                         continue;
                 if (r < 0)
@@ -80,6 +83,30 @@ static int stack_open(Store *s, const SubvolumeRecord *rec, Stack *ret) {
                                    &ret->list_dentries[i]);
                 if (r < 0)
                         return r;
+        }
+        return 0;
+}
+
+/* A walk with a query an entry reads each layer in one transaction: in
+ * autocommit, every query locks the database file, looks at it again and
+ * unlocks it, system calls that cost more than the query. */
+static void stack_read_end(const Stack *st) {
+        for (size_t i = 0; i < st->n; i++)
+                if (st->dbs[i] && !sqlite3_get_autocommit(st->dbs[i]))
+                        (void) sqlite_exec(st->dbs[i], "COMMIT");
+}
+
+static int stack_read_begin(const Stack *st) {
+        for (size_t i = 0; i < st->n; i++) {
+                int r;
+
+                if (!st->dbs[i])
+                        continue;
+                r = sqlite_exec(st->dbs[i], "BEGIN");
+                if (r < 0) {
+                        stack_read_end(st);
+                        return r;
+                }
         }
         return 0;
 }
@@ -939,7 +966,11 @@ static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) 
                 return 0;       /* a damaged record: the checksum count reports it */
         if (r < 0)
                 return r;
+        r = stack_read_begin(st);
+        if (r < 0)
+                return r;
         r = stack_census(st, &inodes, &logical);
+        stack_read_end(st);
         if (r == -ELOOP) {
                 problem(f, false, "subvolume '%s': its directories form a loop", rec->name);
                 return 0;
@@ -991,6 +1022,8 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
                 }
 
         r = check_counters(f, rec, &st);
+        if (r >= 0)
+                r = stack_read_begin(&st);
         if (r < 0) {
                 free(layers.ids);
                 return r;
@@ -1017,6 +1050,7 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
                                         (const char *) sqlite3_column_blob(q, 1), ino);
                 }
         }
+        stack_read_end(&st);
         if (r >= 0 && f->unrepaired == unrepaired && GREEDY_REALLOC(f->clean, f->allocated_clean, f->n_clean + 1)) {
                 f->clean[f->n_clean++] = layers;
                 return 0;
