@@ -193,6 +193,17 @@ static int layers_current(Volume *v) {
         return 1;
 }
 
+/* Between commits, reads of the top layer go on in a transaction too, the
+ * one the next change will write in: in autocommit, every query would lock
+ * the database file, look at it again and unlock it, three system calls
+ * that cost more than the query. */
+static void top_read_begin(Volume *v) {
+        if (!v->writable || !v->layers[0].db || v->in_transaction || v->failed)
+                return;
+        if (sqlite_exec(v->layers[0].db, "BEGIN") >= 0)
+                v->in_transaction = true;
+}
+
 static int layers_load_once(Volume *v, bool *ret_missing);
 
 /* Opens every layer of the subvolume's stack as the catalog has it now. A
@@ -256,8 +267,11 @@ static int layers_load_once(Volume *v, bool *ret_missing) {
                 LayerOpenMode mode = LAYER_READ_FROZEN;
 
                 l->id = ids[i];
-                if (i == 0 && !rec.readonly)
-                        mode = v->writable ? LAYER_WRITE : LAYER_READ;
+                /* A writable subvolume mounted read-only: nobody writes its
+                 * top meanwhile (its lock is shared), so it is read without
+                 * locks too, unless a server that died left a WAL. */
+                if (i == 0 && !rec.readonly && v->writable)
+                        mode = LAYER_WRITE;
                 r = layer_open(v->store, l->id, mode, &l->db);
                 if (r == -ENOENT) {
                         *ret_missing = true;
@@ -285,8 +299,12 @@ static int layers_load_once(Volume *v, bool *ret_missing) {
                 if (r < 0)
                         return r;
         }
-        if (v->writable && v->layers[0].db)
-                return top_prepare(v);
+        if (v->writable && v->layers[0].db) {
+                r = top_prepare(v);
+                if (r < 0)
+                        return r;
+                top_read_begin(v);
+        }
         return 0;
 }
 
@@ -365,6 +383,7 @@ int volume_commit_locked(Volume *v, uint64_t must_ino) {
                 return r;
         }
         v->in_transaction = false;
+        top_read_begin(v);
         v->changed = v->n_dirty > 0; /* what stays in memory is committed later */
         v->flush_ahead_at = v->n_dirty + FLUSH_AHEAD_BLOCKS;
         if (!v->flushing_ahead)
