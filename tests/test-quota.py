@@ -28,6 +28,17 @@ def write_synced(path, data):
     return None
 
 
+def write_synced_within(path, data, seconds):
+    """Writes and fsyncs again and again until it works or seconds pass;
+    returns None or the last errno."""
+    deadline = time.monotonic() + seconds
+    while True:
+        err = write_synced(path, data)
+        if err is None or time.monotonic() > deadline:
+            return err
+        time.sleep(0.1)
+
+
 def write_buffered(path, chunk, count):
     """Writes count chunks without fsync; returns (bytes accepted, errno of
     the write that stopped, errno of close)."""
@@ -83,12 +94,7 @@ def run():
 
             # A raised limit reaches the mounted subvolume.
             store.run('subvolume', 'set-quota', 'ws', '8M')
-            deadline = time.monotonic() + 10
-            while True:
-                err = write_synced(m.p('big'), t.random_bytes(4 * MiB, 4))
-                if err is None or time.monotonic() > deadline:
-                    break
-                time.sleep(0.25)
+            err = write_synced_within(m.p('big'), t.random_bytes(4 * MiB, 4), 10)
             t.check_equal(err, None, 'writing 4 MiB within 10 s of raising the quota to 8 MiB')
         with store.mount('ws') as m:
             t.check_bytes(t.read_file(m.p('big')), t.random_bytes(4 * MiB, 4), 'the file written after the raise')
@@ -116,12 +122,7 @@ def run():
             finally:
                 os.close(fd)
             # The kernel tells the server it forgot the file after close().
-            deadline = time.monotonic() + 10
-            while True:
-                err = write_synced(m.p('g'), t.random_bytes(1 * MiB, 8))
-                if err is None or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
+            err = write_synced_within(m.p('g'), t.random_bytes(1 * MiB, 8), 10)
             t.check_equal(err, None, 'writing 1 MiB within 10 s of closing the unlinked file')
         info = store.show('held')
         t.check_equal((info['inodes'], info['logical_bytes']), (2, 1 * MiB), 'held: inodes and logical bytes')
