@@ -443,6 +443,12 @@ static void *committer_main(void *userdata) {
                         /* Writes may have gone on meanwhile: more, until a
                          * look finds nothing to store. */
                         v->flush_ahead_wanted = data_flush_ahead(v) > 0 && v->n_dirty >= FLUSH_AHEAD_BLOCKS;
+                        /* The GC lock covers references not committed yet.
+                         * A flush that referenced nothing (a commit took
+                         * its blocks meanwhile, or none were ready) leaves
+                         * none: else an idle mount kept reapers waiting. */
+                        if (!v->changed)
+                                gc_unlock(&v->gc_fd);
                         continue;
                 }
                 if (v->flush_ahead_retry_usec != 0)

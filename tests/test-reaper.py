@@ -5,7 +5,8 @@ reaper frees anything (the space stays reclaimable, and a reap says it is
 paused); after resuming, a reaper limited to 2 MiB/s takes at least as long
 as the rate says to free what was deleted, and frees all of it. While a
 reaper marks and sweeps, a writer's fsync of small files goes through, and
-one that stores new blocks waits for it."""
+one that stores new blocks waits for it; a mount that has committed
+everything keeps no reaper waiting."""
 
 import fcntl
 import os
@@ -71,6 +72,27 @@ def commits_during_gc(store):
         t.check_bytes(t.read_file(m.p('big')), t.random_bytes(256 * 1024, 5), 'the file of new blocks')
 
 
+def idle_mount_lets_reaper_in(store):
+    """A mount that has committed everything holds no GC lock, so a reaper
+    never waits for an idle mount. Written just before, and fsync'd while
+    the server may be storing the same blocks ahead of the commit: a flush
+    ahead whose blocks the commit took left the lock held until the next
+    change."""
+    store.create('idle')
+    with store.mount('idle') as m:
+        for i in range(16):
+            fd = os.open(m.p(f'f{i % 4}'), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, t.random_bytes(80 * 64 * 1024, 100 + i))
+                time.sleep(0.045 + i * 0.002)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            time.sleep(1.3)     # past the next commit
+            r = store.run('reap', '--wait', expect=None, timeout=15)
+            t.check(r.code == 0, f'reap --wait beside an idle mount, round {i}:\n{r.describe()}')
+
+
 def run():
     t.require_fuse()
     with t.Store('reaper') as store:
@@ -100,6 +122,7 @@ def run():
         store.run('reap', '--rate', 'none')
         store.fsck()
         commits_during_gc(store)
+        idle_mount_lets_reaper_in(store)
         store.fsck()
 
 
