@@ -64,7 +64,7 @@ json_t *api_subvolume_to_json(const StoreSubvolumeInfo *info) {
 }
 
 json_t *api_usage_to_json(const StoreUsage *u) {
-        return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
+        return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
                          "logical_bytes", json_u64(u->logical_bytes),
                          "stored_bytes", json_u64(u->stored_bytes),
                          "data_bytes", json_u64(u->data_bytes),
@@ -78,7 +78,8 @@ json_t *api_usage_to_json(const StoreUsage *u) {
                          "corruption_events", json_u64(u->corruption_events),
                          "fs_free_bytes", json_u64(u->space.fs_free_bytes),
                          "fs_total_bytes", json_u64(u->space.fs_total_bytes),
-                         "fs_reserved_bytes", json_u64(u->space.fs_reserved_bytes));
+                         "fs_reserved_bytes", json_u64(u->space.fs_reserved_bytes),
+                         "reserve_bytes", json_u64(u->space.reserve_bytes));
 }
 
 static const char *json_type_name(char type) {

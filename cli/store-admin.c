@@ -111,6 +111,7 @@ static const Field usage_total_fields[] = {
         FIELD("Corruption events", "corruption_events", FIELD_U64, UsageTotals, usage.corruption_events),
         FIELD("Host free space", "fs_free_bytes", FIELD_BYTES, UsageTotals, usage.space.fs_free_bytes),
         FIELD("Host file system size", "fs_total_bytes", FIELD_BYTES, UsageTotals, usage.space.fs_total_bytes),
+        FIELD("Cleanup reserve", "reserve_bytes", FIELD_BYTES, UsageTotals, usage.space.reserve_bytes),
         {}
 };
 

@@ -77,6 +77,14 @@ static int statvfs_bytes(int dir_fd, uint64_t *ret_free, uint64_t *ret_total) {
         return 0;
 }
 
+uint64_t space_reserve_held(int dir_fd) {
+        struct stat st;
+
+        if (fstatat(dir_fd, RESERVE_FILE, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode))
+                return 0;
+        return (uint64_t) st.st_size;
+}
+
 int space_reserve_update(int dir_fd) {
         uint64_t free_bytes = 0, total_bytes = 0;
         int r;

@@ -374,6 +374,8 @@ uint64_t space_reserve_of(uint64_t total_bytes);
 /* Gives back or makes the reserve file as free space requires: 1 if it
  * gave it back. */
 int space_reserve_update(int dir_fd);
+/* The bytes the reserve file holds now, 0 if it is given back. */
+uint64_t space_reserve_held(int dir_fd);
 
 /* ---- fold.c ---- */
 int fold_layers(Store *s, StoreReapStats *stats);

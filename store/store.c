@@ -787,6 +787,7 @@ int store_space(Store *s, StoreSpace *ret) {
                 ret->fs_total_bytes = (uint64_t) sv.f_blocks * sv.f_frsize;
                 ret->fs_reserved_bytes = space_margin_of(ret->fs_total_bytes);
         }
+        ret->reserve_bytes = space_reserve_held(s->dir_fd);
         return 0;
 }
 

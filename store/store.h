@@ -140,6 +140,8 @@ typedef struct StoreSpace {
         uint64_t fs_total_bytes;
         uint64_t fs_reserved_bytes; /* kept back for metadata and cleanup: data writes get
                                      * ENOSPC once the free space falls to it */
+        uint64_t reserve_bytes;     /* held by the store's reserve file for cleaning up a disk
+                                     * that something else filled; 0 while given back */
 } StoreSpace;
 
 int store_space(Store *s, StoreSpace *ret);

@@ -75,7 +75,8 @@ def check_standard_clients(bus, store):
     t.check_equal(d.gdbus_json(bus, 'ListImages'), [], 'ListImages of an empty store')
     r = d.run(bus, ['dbus-send', '--system', '--print-reply', '--dest=org.cowbox1', '/org/cowbox1',
                     'org.cowbox1.Manager.GetStatus'])
-    t.check('"reaper"' in r.out and '"usage"' in r.out, f'dbus-send GetStatus:\n{r.out}')
+    t.check('"reaper"' in r.out and '"usage"' in r.out and '"reserve_bytes"' in r.out,
+            f'dbus-send GetStatus:\n{r.out}')
 
 
 def check_jobs_and_objects(bus, store):

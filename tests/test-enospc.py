@@ -194,6 +194,7 @@ def test_filled_by_others(store, fs):
     t.check(os.path.isfile(reserve), 'the store keeps a reserve file while there is room')
     reserve_size = os.stat(reserve).st_blocks * 512
     t.check(reserve_size >= 4 * MiB, f'the reserve file holds {reserve_size} bytes')
+    t.check_equal(store.usage().get('reserve_bytes'), os.stat(reserve).st_size, 'usage: reserve_bytes')
 
     # A fold to come of a layer larger than the reserve (large xattrs live
     # in the layer's database).
@@ -230,6 +231,7 @@ def test_filled_by_others(store, fs):
     try:
         t.check_equal(store.names(), ['base', 'big', 'live'], 'subvolumes listed on a disk another program filled')
         t.check(not os.path.exists(reserve), 'the reserve file is still there on the full disk')
+        t.check_equal(store.usage().get('reserve_bytes'), 0, 'usage on the full disk: reserve_bytes')
         store.delete('big', reap=False)
         r = store.run('reap', '--wait')
         t.check(free_bytes(fs) >= 8 * MiB, f'only {free_bytes(fs)} bytes free after deleting and reaping '
