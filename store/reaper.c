@@ -636,7 +636,7 @@ int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {
 
         /* A long-lived process (cowboxd) opened the store when there was
          * room: on a disk filled since, the reap needs the reserve. */
-        (void) space_reserve_update(s->dir_fd);
+        space_update(s);
         r = pace_start(s, &pace);
         if (r >= 0 && pace.settings.paused)
                 r = -EAGAIN;
@@ -654,7 +654,7 @@ int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {
                 r = remove_orphan_layer_files(s, &stats);
         if (r >= 0)
                 r = collect_garbage(s, &pace, &stats);
-        (void) space_reserve_update(s->dir_fd);
+        space_update(s);
         if (ret)
                 *ret = stats;
         return r;

@@ -85,16 +85,6 @@ uint64_t space_reserve_held(int dir_fd) {
         return (uint64_t) st.st_size;
 }
 
-int space_reserve_update(int dir_fd) {
-        uint64_t free_bytes = 0, total_bytes = 0;
-        int r;
-
-        r = statvfs_bytes(dir_fd, &free_bytes, &total_bytes);
-        if (r < 0)
-                return r;
-        return reserve_adjust(dir_fd, free_bytes, total_bytes);
-}
-
 static void space_refresh(Store *s) {
         uint64_t free_bytes = 0, total_bytes = 0;
 
@@ -106,6 +96,11 @@ static void space_refresh(Store *s) {
         s->space.free_bytes = free_bytes;
         s->space.total_bytes = total_bytes;
         s->space.checked_usec = now_usec();
+}
+
+void space_update(Store *s) {
+        MUTEX_LOCKED(&s->space.lock);
+        space_refresh(s);
 }
 
 uint64_t space_margin(Store *s) {

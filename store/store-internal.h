@@ -371,9 +371,9 @@ uint64_t space_margin(Store *s);
 uint64_t space_margin_of(uint64_t total_bytes);
 /* The size of the reserve file on a file system of this size. */
 uint64_t space_reserve_of(uint64_t total_bytes);
-/* Gives back or makes the reserve file as free space requires: 1 if it
- * gave it back. */
-int space_reserve_update(int dir_fd);
+/* Looks at the free space now, and gives back or makes the reserve file as
+ * it requires. */
+void space_update(Store *s);
 /* The bytes the reserve file holds now, 0 if it is given back. */
 uint64_t space_reserve_held(int dir_fd);
 

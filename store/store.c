@@ -316,7 +316,7 @@ int store_open(const char *path, Store **ret) {
 
         /* Before the catalog: on a full disk, it cannot be opened without
          * the reserve's space. */
-        (void) space_reserve_update(s->dir_fd);
+        space_update(s);
 
         if (asprintf(&catalog, "%s/catalog.db", path) < 0)
                 return -ENOMEM;
@@ -491,7 +491,7 @@ int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
                 return r;
         /* Deleting is how a full disk is cleaned up: a long-lived process
          * (cowboxd) opened the store when there was room. */
-        (void) space_reserve_update(s->dir_fd);
+        space_update(s);
 
         lock_fd = subvolume_lock(s, rec.id, true, ret_holder);
         if (lock_fd < 0)

@@ -185,6 +185,7 @@ int inode_put(Volume *v, const InodeRow *row);
 int inode_get_for_write(Volume *v, uint64_t ino, InodeRow *ret);
 int inode_drop(Volume *v, const InodeRow *row);
 void inode_unlinked(Volume *v, const InodeRow *row);
+void inode_forgotten(Volume *v, const InodeRow *row);
 void logical_size_changed(Volume *v, const InodeRow *row, uint64_t old_size, uint64_t new_size);
 void inode_to_stat(Volume *v, const InodeRow *row, struct stat *ret);
 

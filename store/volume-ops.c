@@ -381,8 +381,7 @@ void volume_forget(Volume *v, uint64_t ino) {
                 (void) inode_drop(v, &row);
         else {
                 data_forget_dirty(v, ino, 0, row.size);
-                if (S_ISREG(row.mode))
-                        v->orphan_bytes -= MIN(v->orphan_bytes, row.size);
+                inode_forgotten(v, &row);
         }
 }
 

@@ -357,7 +357,7 @@ int volume_commit_locked(Volume *v, uint64_t must_ino) {
          * checked: what was accepted goes in with the reserve's space. A
          * commit that fails half way is rolled back, and the volume with
          * it. */
-        (void) space_reserve_update(v->store->dir_fd);
+        space_update(v->store);
 
         /* The GC lock is taken where a block reference is made (the flush
          * of dirty blocks, a clone) and held until here: a commit without
@@ -941,10 +941,16 @@ int inode_drop(Volume *v, const InodeRow *row) {
                 if (r < 0)
                         return r;
         }
-        if (S_ISREG(row->mode))
-                v->orphan_bytes -= MIN(v->orphan_bytes, row->size);
+        inode_forgotten(v, row);
         volume_mark_changed(v);
         return 0;
+}
+
+/* An inode without names that the kernel forgot: its bytes stop counting
+ * against the quota. */
+void inode_forgotten(Volume *v, const InodeRow *row) {
+        if (S_ISREG(row->mode))
+                v->orphan_bytes -= MIN(v->orphan_bytes, row->size);
 }
 
 /* An inode that lost its last name leaves the counters at once, not when
