@@ -417,6 +417,13 @@ def assert_manifests_equal(a, b, what, **kwargs):
     report_differences(compare_manifests(a, b, **kwargs), what)
 
 
+def free_bytes(path):
+    """The free bytes of the file system under path, as others than root
+    see them."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
 def fill_file_system(path):
     """Takes every free block of the file system under path, as another
     program would (as root: the blocks ext4 keeps for root too). Returns

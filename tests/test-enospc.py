@@ -40,11 +40,6 @@ def make_small_fs(store):
     return fs
 
 
-def free_bytes(path):
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
 class Writer(threading.Thread):
     """Writes files of random data, fsyncing each one, until the disk is
     full; remembers what was fsync'd."""
@@ -160,7 +155,7 @@ def run():
                 os.unlink(m.p(name))
             t.fsync_dir(m.path)
             store.reap()
-            t.check(free_bytes(fs) > FS_SIZE // 2, f'only {free_bytes(fs)} bytes free after unlinking and reaping')
+            t.check(t.free_bytes(fs) > FS_SIZE // 2, f'only {t.free_bytes(fs)} bytes free after unlinking and reaping')
             t.write_file(m.p('after-reap'), t.random_bytes(4 * MiB, 2), fsync=True)
             t.check_bytes(t.read_file(m.p('after-reap')), t.random_bytes(4 * MiB, 2), 'a file written after the reap')
 
@@ -169,7 +164,7 @@ def run():
         store.reap()
         usage = store.usage()
         t.check_equal(usage['data_bytes'], 0, 'data bytes after deleting everything and reaping')
-        t.check(free_bytes(fs) > FS_SIZE // 2, f'only {free_bytes(fs)} bytes free after the reap')
+        t.check(t.free_bytes(fs) > FS_SIZE // 2, f'only {t.free_bytes(fs)} bytes free after the reap')
 
         # The store works normally again, without repair.
         store.create('again')
@@ -234,7 +229,7 @@ def test_filled_by_others(store, fs):
         t.check_equal(store.usage().get('reserve_bytes'), 0, 'usage on the full disk: reserve_bytes')
         store.delete('big', reap=False)
         r = store.run('reap', '--wait')
-        t.check(free_bytes(fs) >= 8 * MiB, f'only {free_bytes(fs)} bytes free after deleting and reaping '
+        t.check(t.free_bytes(fs) >= 8 * MiB, f'only {t.free_bytes(fs)} bytes free after deleting and reaping '
                 f'16 MiB on the full disk:\n{r.describe()}')
         with store.mount('base', readonly=True) as m:
             for name, value in attrs.items():
@@ -243,7 +238,7 @@ def test_filled_by_others(store, fs):
         os.unlink(filler)
     store.reap()
     store.names()
-    t.check(os.path.isfile(reserve), f'no reserve file with {free_bytes(fs)} bytes free')
+    t.check(os.path.isfile(reserve), f'no reserve file with {t.free_bytes(fs)} bytes free')
     t.check(os.stat(reserve).st_blocks * 512 >= reserve_size,
             f'the reserve file made again holds {os.stat(reserve).st_blocks * 512} bytes, not {reserve_size}')
     with store.mount('base') as m:

@@ -72,11 +72,6 @@ def make_image(store):
     store.run('subvolume', 'delete', 'src')
 
 
-def free_bytes(path):
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
 def check_disk_full():
     """A workspace on a full disk: ENOSPC to the writer, its earlier data
     intact, shown in workspace show and signalled."""
@@ -115,7 +110,7 @@ def check_disk_full():
                 filler = t.fill_file_system(fs)
                 try:
                     d.cowbox(bus, 'workspace', 'rm', 'dev')
-                    d.wait_for('the space of the removed workspace', lambda: free_bytes(fs) > 32 * t.MiB)
+                    d.wait_for('the space of the removed workspace', lambda: t.free_bytes(fs) > 32 * t.MiB)
                 finally:
                     os.unlink(filler)
             finally:
