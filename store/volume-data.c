@@ -61,7 +61,7 @@ static DirtyBlock *dirty_new(Volume *v, uint64_t ino, uint64_t idx) {
         return b;
 }
 
-static void data_forget_dirty_one(Volume *v, uint64_t ino, uint64_t idx);
+static bool data_forget_dirty_one(Volume *v, uint64_t ino, uint64_t idx);
 
 /* Forgets the dirty blocks of ino from first_idx on (of every inode if ino
  * is 0). size is the file's: the blocks of a small one are looked up one
@@ -74,7 +74,8 @@ void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx, uint64_t siz
                 return;
         if (ino != 0 && end_idx <= first_idx + DIRTY_LOOKUP_BLOCKS) {
                 for (uint64_t idx = first_idx; idx < end_idx; idx++)
-                        data_forget_dirty_one(v, ino, idx);
+                        if (data_forget_dirty_one(v, ino, idx))
+                                v->memory_changes++;
                 return;
         }
         for (size_t h = 0; h < DIRTY_BUCKETS; h++) {
@@ -86,6 +87,7 @@ void data_forget_dirty(Volume *v, uint64_t ino, uint64_t first_idx, uint64_t siz
                         if (ino == 0 || (b->ino == ino && b->idx >= first_idx)) {
                                 *p = b->next;
                                 dirty_free(v, b);
+                                v->memory_changes++;
                         } else
                                 p = &b->next;
                 }
@@ -113,15 +115,17 @@ static int block_load(Volume *v, const InodeRow *row, uint64_t idx, uint8_t *buf
         return 0;
 }
 
-static void data_forget_dirty_one(Volume *v, uint64_t ino, uint64_t idx) {
+/* Returns whether there was such a block. */
+static bool data_forget_dirty_one(Volume *v, uint64_t ino, uint64_t idx) {
         for (DirtyBlock **p = &v->dirty[dirty_bucket(ino, idx)]; *p; p = &(*p)->next)
                 if ((*p)->ino == ino && (*p)->idx == idx) {
                         DirtyBlock *b = *p;
 
                         *p = b->next;
                         dirty_free(v, b);
-                        return;
+                        return true;
                 }
+        return false;
 }
 
 /* Makes the first end bytes of b's data addressable; those it adds are
@@ -153,7 +157,8 @@ static void dirty_copy(const DirtyBlock *b, size_t from, uint8_t *out, size_t n)
 
 /* Zeros n bytes of b from offset from; past its data they are zeros
  * already. */
-static void dirty_zero(DirtyBlock *b, size_t from, size_t n) {
+static void dirty_zero(Volume *v, DirtyBlock *b, size_t from, size_t n) {
+        v->memory_changes++;
         if (from < b->capacity)
                 memset(b->data + from, 0, MIN(n, b->capacity - from));
 }
@@ -542,6 +547,7 @@ static int inline_to_blocks(Volume *v, InodeRow *row) {
                         r = dirty_reserve(b, row->data_len);
                 if (r < 0)
                         return r;
+                v->memory_changes++;
                 memset(b->data, 0, b->capacity);
                 memcpy(b->data, row->data, row->data_len);
         }
@@ -572,26 +578,37 @@ void logical_size_changed(Volume *v, const InodeRow *row, uint64_t old_size, uin
         *bytes -= MIN(*bytes, old_size);
 }
 
-static int blocks_write(Volume *v, const InodeRow *row, const uint8_t *in, size_t size, uint64_t offset) {
-        size_t done = 0;
-        int r;
-
-        while (done < size) {
-                uint64_t pos = offset + done;
-                uint64_t idx = pos / STORE_BLOCK_SIZE;
+/* Makes the blocks of [offset, offset + size) dirty and large enough,
+ * reading those written in part: what can fail, before anything changes. */
+static int blocks_prepare(Volume *v, const InodeRow *row, size_t size, uint64_t offset) {
+        for (uint64_t pos = offset; pos < offset + size;) {
                 size_t in_block = (size_t) (pos % STORE_BLOCK_SIZE);
-                size_t n = MIN(size - done, (size_t) STORE_BLOCK_SIZE - in_block);
+                size_t n = (size_t) MIN(offset + size - pos, (uint64_t) STORE_BLOCK_SIZE - in_block);
                 DirtyBlock *b;
+                int r;
 
-                r = dirty_get(v, row, idx, n < STORE_BLOCK_SIZE, &b);
+                r = dirty_get(v, row, pos / STORE_BLOCK_SIZE, n < STORE_BLOCK_SIZE, &b);
                 if (r >= 0)
                         r = dirty_reserve(b, in_block + n);
                 if (r < 0)
                         return r;
+                pos += n;
+        }
+        return 0;
+}
+
+/* Copies into the blocks blocks_prepare() made ready. */
+static void blocks_copy_in(Volume *v, uint64_t ino, const uint8_t *in, size_t size, uint64_t offset) {
+        v->memory_changes++;
+        for (size_t done = 0; done < size;) {
+                uint64_t pos = offset + done;
+                size_t in_block = (size_t) (pos % STORE_BLOCK_SIZE);
+                size_t n = MIN(size - done, (size_t) STORE_BLOCK_SIZE - in_block);
+                DirtyBlock *b = dirty_find(v, ino, pos / STORE_BLOCK_SIZE);
+
                 memcpy(b->data + in_block, in + done, n);
                 done += n;
         }
-        return 0;
 }
 
 /* Space for what the write adds: inline bytes, or the blocks it makes dirty. */
@@ -608,16 +625,13 @@ static int write_check_space(Volume *v, const InodeRow *row, uint64_t offset, ui
         return space_check(v->store, needed, SPACE_DATA);
 }
 
-ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint64_t offset) {
+static int data_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint64_t offset) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         uint64_t end = offset + size;
         uint64_t old_size;
+        bool to_blocks;
         int r;
 
-        if (end < offset || end > (uint64_t) INT64_MAX)
-                return -EFBIG;
-
-        MUTEX_LOCKED(&v->lock);
         r = inode_get_for_write(v, ino, &row);
         if (r < 0)
                 return r;
@@ -636,7 +650,10 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
         if (r < 0)
                 return r;
 
-        if (row.has_data && end <= INLINE_MAX) {
+        /* The blocks change last, once nothing can fail: they are not
+         * rolled back with the layer. */
+        to_blocks = !(row.has_data && end <= INLINE_MAX);
+        if (!to_blocks) {
                 r = inline_resize(&row, (size_t) MAX(end, (uint64_t) row.data_len));
                 if (r < 0)
                         return r;
@@ -647,7 +664,7 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
                         if (r < 0)
                                 return r;
                 }
-                r = blocks_write(v, &row, buf, size, offset);
+                r = blocks_prepare(v, &row, size, offset);
                 if (r < 0)
                         return r;
         }
@@ -657,7 +674,24 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
         r = inode_put(v, &row);
         if (r < 0)
                 return r;
+        if (to_blocks)
+                blocks_copy_in(v, ino, buf, size, offset);
         logical_size_changed(v, &row, old_size, row.size);
+        return 0;
+}
+
+ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint64_t offset) {
+        TopChange change;
+        int r;
+
+        if (offset + size < offset || offset + size > (uint64_t) INT64_MAX)
+                return -EFBIG;
+
+        MUTEX_LOCKED(&v->lock);
+        r = top_change_begin(v, &change);
+        r = top_change_end(v, &change, r ?: data_write(v, ino, buf, size, offset));
+        if (r < 0)
+                return r;
 
         if (v->n_dirty >= v->flush_ahead_at && !v->flush_ahead_wanted && v->committer_running) {
                 v->flush_ahead_wanted = true;
@@ -676,30 +710,32 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
 }
 
 /* Zeroes [offset, offset + length) of a block file within its size: whole
- * blocks become holes, partial ones are rewritten. */
+ * blocks become holes, partial ones are rewritten. The partial ones are
+ * read first: a damaged one fails the call before anything changed. */
 static int blocks_zero_range(Volume *v, const InodeRow *row, uint64_t offset, uint64_t length) {
         uint64_t end = MIN(offset + length, row->size);
-        int r;
 
-        for (uint64_t pos = offset; pos < end;) {
-                uint64_t idx = pos / STORE_BLOCK_SIZE;
-                size_t in_block = (size_t) (pos % STORE_BLOCK_SIZE);
-                size_t n = (size_t) MIN(end - pos, (uint64_t) STORE_BLOCK_SIZE - in_block);
-
-                if (n == STORE_BLOCK_SIZE) {
-                        data_forget_dirty_one(v, row->ino, idx);
-                        r = extent_put(v, row->ino, idx, NULL, 0, 0);
-                } else {
+        for (int pass = 0; pass < 2; pass++)
+                for (uint64_t pos = offset; pos < end;) {
+                        uint64_t idx = pos / STORE_BLOCK_SIZE;
+                        size_t in_block = (size_t) (pos % STORE_BLOCK_SIZE);
+                        size_t n = (size_t) MIN(end - pos, (uint64_t) STORE_BLOCK_SIZE - in_block);
                         DirtyBlock *b;
+                        int r = 0;
 
-                        r = dirty_get(v, row, idx, true, &b);
-                        if (r >= 0)
-                                dirty_zero(b, in_block, n);
+                        if (n < STORE_BLOCK_SIZE) {
+                                r = dirty_get(v, row, idx, true, &b);
+                                if (r >= 0 && pass == 1)
+                                        dirty_zero(v, b, in_block, n);
+                        } else if (pass == 1) {
+                                r = extent_put(v, row->ino, idx, NULL, 0, 0);
+                                if (r >= 0 && data_forget_dirty_one(v, row->ino, idx))
+                                        v->memory_changes++;
+                        }
+                        if (r < 0)
+                                return r;
+                        pos += n;
                 }
-                if (r < 0)
-                        return r;
-                pos += n;
-        }
         return 0;
 }
 
@@ -721,20 +757,21 @@ int data_truncate(Volume *v, InodeRow *row, uint64_t size) {
                 }
         } else if (size < old_size) {
                 uint64_t keep = DIV_ROUND_UP(size, STORE_BLOCK_SIZE);
+                size_t from = (size_t) (size % STORE_BLOCK_SIZE);
+                DirtyBlock *partial = NULL;
 
-                data_forget_dirty(v, row->ino, keep, old_size);
+                /* What can fail first, the blocks in memory last. */
+                if (from != 0) {
+                        r = dirty_get(v, row, size / STORE_BLOCK_SIZE, true, &partial);
+                        if (r < 0)
+                                return r;
+                }
                 r = extents_delete_from(v, row->ino, keep);
                 if (r < 0)
                         return r;
-                if (size % STORE_BLOCK_SIZE != 0) {
-                        size_t from = (size_t) (size % STORE_BLOCK_SIZE);
-                        DirtyBlock *b;
-
-                        r = dirty_get(v, row, size / STORE_BLOCK_SIZE, true, &b);
-                        if (r < 0)
-                                return r;
-                        dirty_zero(b, from, STORE_BLOCK_SIZE - from);
-                }
+                data_forget_dirty(v, row->ino, keep, old_size);
+                if (partial)
+                        dirty_zero(v, partial, from, STORE_BLOCK_SIZE - from);
                 row->lower_limit = MIN(row->lower_limit, size);
         }
         row->size = size;
@@ -742,20 +779,12 @@ int data_truncate(Volume *v, InodeRow *row, uint64_t size) {
         return 0;
 }
 
-int volume_fallocate(Volume *v, uint64_t ino, int mode, uint64_t offset, uint64_t length) {
+static int data_allocate(Volume *v, uint64_t ino, int mode, uint64_t offset, uint64_t length) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
         uint64_t end = offset + length;
         int r;
 
-        if (length == 0 || end < offset || end > (uint64_t) INT64_MAX)
-                return -EINVAL;
-        if (mode & ~(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE))
-                return -EOPNOTSUPP;
-        if ((mode & FALLOC_FL_PUNCH_HOLE) && (!keep_size || (mode & FALLOC_FL_ZERO_RANGE)))
-                return -EOPNOTSUPP;
-
-        MUTEX_LOCKED(&v->lock);
         r = inode_get_for_write(v, ino, &row);
         if (r < 0)
                 return r;
@@ -786,6 +815,23 @@ int volume_fallocate(Volume *v, uint64_t ino, int mode, uint64_t offset, uint64_
         }
         row.mtime_ns = row.ctime_ns = timestamp_now();
         return inode_put(v, &row);
+}
+
+int volume_fallocate(Volume *v, uint64_t ino, int mode, uint64_t offset, uint64_t length) {
+        bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
+        TopChange change;
+        int r;
+
+        if (length == 0 || offset + length < offset || offset + length > (uint64_t) INT64_MAX)
+                return -EINVAL;
+        if (mode & ~(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE))
+                return -EOPNOTSUPP;
+        if ((mode & FALLOC_FL_PUNCH_HOLE) && (!keep_size || (mode & FALLOC_FL_ZERO_RANGE)))
+                return -EOPNOTSUPP;
+
+        MUTEX_LOCKED(&v->lock);
+        r = top_change_begin(v, &change);
+        return top_change_end(v, &change, r ?: data_allocate(v, ino, mode, offset, length));
 }
 
 uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
@@ -871,14 +917,13 @@ static int clone_source_block(Volume *src, uint64_t ino, uint64_t idx, Digest *r
 
 /* Puts a block that src stores into dst's file at block idx, covering
  * length bytes from the block's start. 0 if it must be copied instead. */
-static int clone_share_block(Volume *dst, uint64_t ino, uint64_t idx, uint64_t length,
-                             const Digest *d, uint32_t len, bool hole) {
+static int clone_put_block(Volume *dst, uint64_t ino, uint64_t idx, uint64_t length,
+                           const Digest *d, uint32_t len, bool hole) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         uint64_t end = idx * STORE_BLOCK_SIZE + length, old_size;
         BlockLocation loc = {};
         int r;
 
-        MUTEX_LOCKED(&dst->lock);
         r = inode_get_for_write(dst, ino, &row);
         if (r < 0)
                 return r;
@@ -917,7 +962,6 @@ static int clone_share_block(Volume *dst, uint64_t ino, uint64_t idx, uint64_t l
                 if (r < 0)
                         return r;
         }
-        data_forget_dirty_one(dst, ino, idx);
         r = extent_put(dst, ino, idx, hole ? NULL : d, MIN(len, (uint32_t) length), loc.stored_len);
         if (r < 0)
                 return r;
@@ -927,8 +971,20 @@ static int clone_share_block(Volume *dst, uint64_t ino, uint64_t idx, uint64_t l
         r = inode_put(dst, &row);
         if (r < 0)
                 return r;
+        if (data_forget_dirty_one(dst, ino, idx))
+                dst->memory_changes++;
         logical_size_changed(dst, &row, old_size, row.size);
         return 1;
+}
+
+static int clone_share_block(Volume *dst, uint64_t ino, uint64_t idx, uint64_t length,
+                             const Digest *d, uint32_t len, bool hole) {
+        TopChange change;
+        int r;
+
+        MUTEX_LOCKED(&dst->lock);
+        r = top_change_begin(dst, &change);
+        return top_change_end(dst, &change, r ?: clone_put_block(dst, ino, idx, length, d, len, hole));
 }
 
 static int clone_copy(Volume *dst, uint64_t dst_ino, uint64_t dst_offset,

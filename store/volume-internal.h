@@ -43,6 +43,9 @@ typedef struct TopStatements {
         sqlite3_stmt *put_blockref;
         sqlite3_stmt *delete_blockref;
         sqlite3_stmt *list_orphans;
+        sqlite3_stmt *savepoint;
+        sqlite3_stmt *release_savepoint;
+        sqlite3_stmt *rollback_to_savepoint;
 } TopStatements;
 
 /* A block of a file being changed in memory; flushed at commit. */
@@ -96,11 +99,19 @@ struct Volume {
         uint64_t orphan_bytes;
         uint64_t quota_bytes;   /* limit of counters.logical_bytes + orphan_bytes, 0: none */
         bool in_transaction;
+        int64_t changes_at_begin; /* sqlite3_total_changes64() when it began */
         bool changed;
-        /* A commit failed and SQLite rolled the transaction back: what the
+        /* SQLite rolled the transaction back (a commit failed, or an I/O
+         * error), or a change that failed could not be undone: what the
          * kernel was told no longer matches the layer. Everything fails
          * with EIO until the volume is opened again. */
         bool failed;
+        /* Counts changes of dirty blocks: a change of the top layer that
+         * made one cannot be rolled back. */
+        uint64_t memory_changes;
+        /* COWBOX_FAULT_SQL_STEP: SQLite steps on the top layer left until
+         * one is interrupted, 0: none. */
+        uint64_t fault_steps_left;
 
         DirtyBlock *dirty[DIRTY_BUCKETS];
         size_t n_dirty;
@@ -173,6 +184,22 @@ int volume_row_intact(Volume *v, sqlite3_stmt *st, int column);
 
 /* ---- volume.c ---- */
 int volume_ensure_top(Volume *v);
+
+/* A change of the top layer is all or nothing: it runs in a savepoint of
+ * the open transaction. When it fails, the savepoint is rolled back and the
+ * counters it moved go back with it. */
+typedef struct TopChange {
+        LayerCounters counters;
+        uint64_t orphan_bytes;
+        uint64_t memory_changes;
+        bool changed;
+        bool begun;
+} TopChange;
+
+int top_change_begin(Volume *v, TopChange *ret);
+/* Ends the change with the result r of its work: released if r >= 0, else
+ * undone. Returns r, or the error that kept the change from being kept. */
+int top_change_end(Volume *v, const TopChange *c, int r);
 int inode_get(Volume *v, uint64_t ino, InodeRow *ret);
 /* The row without a regular file's inline content (data is NULL, data_len
  * its size): what stat needs, without decompressing anything. */

@@ -83,12 +83,11 @@ int volume_getattr(Volume *v, uint64_t ino, struct stat *ret) {
         return 0;
 }
 
-int volume_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsigned valid, struct stat *ret) {
+static int inode_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsigned valid, struct stat *ret) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         int64_t now = timestamp_now();
         int r;
 
-        MUTEX_LOCKED(&v->lock);
         /* Only a change of size needs the content. */
         r = valid & VOLUME_SET_SIZE ? inode_get_for_write(v, ino, &row) : inode_get_attr_for_write(v, ino, &row);
         if (r < 0)
@@ -132,23 +131,21 @@ int volume_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsigned va
         return 0;
 }
 
-/* Creates an inode and its first name in parent. data is the symlink's
- * target (regular files start inline and empty). */
-static int inode_create(Volume *v, uint64_t parent, const char *name, mode_t mode, dev_t rdev,
-                        uid_t uid, gid_t gid, const char *data, struct stat *ret) {
+int volume_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsigned valid, struct stat *ret) {
+        TopChange change;
+        int r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = top_change_begin(v, &change);
+        return top_change_end(v, &change, r ?: inode_setattr(v, ino, attr, valid, ret));
+}
+
+static int inode_make(Volume *v, uint64_t parent, const char *name, mode_t mode, dev_t rdev,
+                      uid_t uid, gid_t gid, const char *data, struct stat *ret) {
         _cleanup_(inode_row_clear) InodeRow dir = {}, row = {};
         int64_t now = timestamp_now();
         int r;
 
-        r = check_name(name);
-        if (r < 0)
-                return r;
-        r = space_check(v->store, METADATA_COST + (data ? strlen(data) : 0), SPACE_METADATA);
-        if (r < 0)
-                return r;
-        r = volume_ensure_top(v);
-        if (r < 0)
-                return r;
         r = dir_get(v, parent, true, &dir);
         if (r < 0)
                 return r;
@@ -210,6 +207,23 @@ static int inode_create(Volume *v, uint64_t parent, const char *name, mode_t mod
         return 0;
 }
 
+/* Creates an inode and its first name in parent. data is the symlink's
+ * target (regular files start inline and empty). */
+static int inode_create(Volume *v, uint64_t parent, const char *name, mode_t mode, dev_t rdev,
+                        uid_t uid, gid_t gid, const char *data, struct stat *ret) {
+        TopChange change;
+        int r;
+
+        r = check_name(name);
+        if (r < 0)
+                return r;
+        r = space_check(v->store, METADATA_COST + (data ? strlen(data) : 0), SPACE_METADATA);
+        if (r < 0)
+                return r;
+        r = top_change_begin(v, &change);
+        return top_change_end(v, &change, r ?: inode_make(v, parent, name, mode, rdev, uid, gid, data, ret));
+}
+
 int volume_mknod(Volume *v, uint64_t parent, const char *name, mode_t mode, dev_t rdev,
                  uid_t uid, gid_t gid, struct stat *ret) {
         switch (mode & S_IFMT) {
@@ -258,21 +272,10 @@ int volume_readlink(Volume *v, uint64_t ino, char *buf, size_t size) {
         return (int) row.data_len;
 }
 
-int volume_link(Volume *v, uint64_t ino, uint64_t newparent, const char *newname, struct stat *ret) {
+static int link_name(Volume *v, uint64_t ino, uint64_t newparent, const char *newname, struct stat *ret) {
         _cleanup_(inode_row_clear) InodeRow dir = {}, row = {};
         int r;
 
-        r = check_name(newname);
-        if (r < 0)
-                return r;
-
-        MUTEX_LOCKED(&v->lock);
-        r = space_check(v->store, METADATA_COST, SPACE_METADATA);
-        if (r < 0)
-                return r;
-        r = volume_ensure_top(v);
-        if (r < 0)
-                return r;
         r = dir_get(v, newparent, true, &dir);
         if (r < 0)
                 return r;
@@ -306,17 +309,27 @@ int volume_link(Volume *v, uint64_t ino, uint64_t newparent, const char *newname
         return 0;
 }
 
+int volume_link(Volume *v, uint64_t ino, uint64_t newparent, const char *newname, struct stat *ret) {
+        TopChange change;
+        int r;
+
+        r = check_name(newname);
+        if (r < 0)
+                return r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = space_check(v->store, METADATA_COST, SPACE_METADATA);
+        if (r < 0)
+                return r;
+        r = top_change_begin(v, &change);
+        return top_change_end(v, &change, r ?: link_name(v, ino, newparent, newname, ret));
+}
+
 static int remove_name(Volume *v, uint64_t parent, const char *name, bool want_dir) {
         _cleanup_(inode_row_clear) InodeRow dir = {}, row = {};
         uint64_t ino;
         int r;
 
-        r = check_name(name);
-        if (r < 0)
-                return r == -ENAMETOOLONG ? r : -EINVAL;
-        r = volume_ensure_top(v);
-        if (r < 0)
-                return r;
         r = dir_get(v, parent, true, &dir);
         if (r < 0)
                 return r;
@@ -359,14 +372,25 @@ static int remove_name(Volume *v, uint64_t parent, const char *name, bool want_d
         return inode_put(v, &dir);
 }
 
-int volume_unlink(Volume *v, uint64_t parent, const char *name) {
+static int remove_name_change(Volume *v, uint64_t parent, const char *name, bool want_dir) {
+        TopChange change;
+        int r;
+
+        r = check_name(name);
+        if (r < 0)
+                return r == -ENAMETOOLONG ? r : -EINVAL;
+
         MUTEX_LOCKED(&v->lock);
-        return remove_name(v, parent, name, false);
+        r = top_change_begin(v, &change);
+        return top_change_end(v, &change, r ?: remove_name(v, parent, name, want_dir));
+}
+
+int volume_unlink(Volume *v, uint64_t parent, const char *name) {
+        return remove_name_change(v, parent, name, false);
 }
 
 int volume_rmdir(Volume *v, uint64_t parent, const char *name) {
-        MUTEX_LOCKED(&v->lock);
-        return remove_name(v, parent, name, true);
+        return remove_name_change(v, parent, name, true);
 }
 
 void volume_forget(Volume *v, uint64_t ino) {
@@ -439,27 +463,13 @@ static int rename_check_replace(Volume *v, const InodeRow *src, InodeRow *dst, I
         return 0;
 }
 
-int volume_rename(Volume *v, uint64_t parent, const char *name,
-                  uint64_t newparent, const char *newname, unsigned flags) {
+static int rename_names(Volume *v, uint64_t parent, const char *name,
+                        uint64_t newparent, const char *newname, unsigned flags) {
         _cleanup_(inode_row_clear) InodeRow p1 = {}, p2 = {}, src = {}, dst = {};
         InodeRow *sp = &p1, *dp = &p1;
         uint64_t src_ino, dst_ino = 0;
         int r;
 
-        if (flags & ~(unsigned) (RENAME_NOREPLACE | RENAME_EXCHANGE))
-                return -EINVAL;
-        if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
-                return -EINVAL;
-        r = check_name(name);
-        if (r >= 0)
-                r = check_name(newname);
-        if (r < 0)
-                return r;
-
-        MUTEX_LOCKED(&v->lock);
-        r = volume_ensure_top(v);
-        if (r < 0)
-                return r;
         r = dir_get(v, parent, true, &p1);
         if (r < 0)
                 return r;
@@ -521,6 +531,26 @@ int volume_rename(Volume *v, uint64_t parent, const char *name,
                 r = inode_put(v, dp);
         }
         return r;
+}
+
+int volume_rename(Volume *v, uint64_t parent, const char *name,
+                  uint64_t newparent, const char *newname, unsigned flags) {
+        TopChange change;
+        int r;
+
+        if (flags & ~(unsigned) (RENAME_NOREPLACE | RENAME_EXCHANGE))
+                return -EINVAL;
+        if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
+                return -EINVAL;
+        r = check_name(name);
+        if (r >= 0)
+                r = check_name(newname);
+        if (r < 0)
+                return r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = top_change_begin(v, &change);
+        return top_change_end(v, &change, r ?: rename_names(v, parent, name, newparent, newname, flags));
 }
 
 static int64_t dirent_cookie(const char *name) {
@@ -608,26 +638,12 @@ static int xattr_find(Volume *v, const InodeRow *row, const char *name, sqlite3_
         return 0;
 }
 
-int volume_setxattr(Volume *v, uint64_t ino, const char *name, const void *value, size_t size, int flags) {
+static int xattr_set(Volume *v, uint64_t ino, const char *name, const void *value, size_t size, int flags) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         sqlite3_stmt *st;
         bool exists;
         int r;
 
-        r = xattr_check_name(name);
-        if (r < 0)
-                return r;
-        if (size > XATTR_SIZE_MAX)
-                return -E2BIG;
-        /* No POSIX ACLs: stored as a plain xattr, an ACL would be ignored
-         * while tools like cp -a believe it set the mode. */
-        if (startswith(name, "system.posix_acl_"))
-                return -EOPNOTSUPP;
-
-        MUTEX_LOCKED(&v->lock);
-        r = space_check(v->store, METADATA_COST + size, SPACE_METADATA);
-        if (r < 0)
-                return r;
         r = inode_get_attr_for_write(v, ino, &row);
         if (r < 0)
                 return r;
@@ -651,6 +667,28 @@ int volume_setxattr(Volume *v, uint64_t ino, const char *name, const void *value
                 return r;
         row.ctime_ns = timestamp_now();
         return inode_put(v, &row);
+}
+
+int volume_setxattr(Volume *v, uint64_t ino, const char *name, const void *value, size_t size, int flags) {
+        TopChange change;
+        int r;
+
+        r = xattr_check_name(name);
+        if (r < 0)
+                return r;
+        if (size > XATTR_SIZE_MAX)
+                return -E2BIG;
+        /* No POSIX ACLs: stored as a plain xattr, an ACL would be ignored
+         * while tools like cp -a believe it set the mode. */
+        if (startswith(name, "system.posix_acl_"))
+                return -EOPNOTSUPP;
+
+        MUTEX_LOCKED(&v->lock);
+        r = space_check(v->store, METADATA_COST + size, SPACE_METADATA);
+        if (r < 0)
+                return r;
+        r = top_change_begin(v, &change);
+        return top_change_end(v, &change, r ?: xattr_set(v, ino, name, value, size, flags));
 }
 
 ssize_t volume_getxattr(Volume *v, uint64_t ino, const char *name, void *buf, size_t size) {
@@ -717,16 +755,11 @@ ssize_t volume_listxattr(Volume *v, uint64_t ino, char *buf, size_t size) {
         return (ssize_t) total;
 }
 
-int volume_removexattr(Volume *v, uint64_t ino, const char *name) {
+static int xattr_remove(Volume *v, uint64_t ino, const char *name) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         sqlite3_stmt *st;
         int r;
 
-        r = xattr_check_name(name);
-        if (r < 0)
-                return r;
-
-        MUTEX_LOCKED(&v->lock);
         r = inode_get_attr_for_write(v, ino, &row);
         if (r < 0)
                 return r;
@@ -743,6 +776,19 @@ int volume_removexattr(Volume *v, uint64_t ino, const char *name) {
                 return r;
         row.ctime_ns = timestamp_now();
         return inode_put(v, &row);
+}
+
+int volume_removexattr(Volume *v, uint64_t ino, const char *name) {
+        TopChange change;
+        int r;
+
+        r = xattr_check_name(name);
+        if (r < 0)
+                return r;
+
+        MUTEX_LOCKED(&v->lock);
+        r = top_change_begin(v, &change);
+        return top_change_end(v, &change, r ?: xattr_remove(v, ino, name));
 }
 
 int volume_statfs(Volume *v, struct statvfs *ret) {

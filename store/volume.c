@@ -117,6 +117,28 @@ int volume_row_intact(Volume *v, sqlite3_stmt *st, int column) {
         return -EIO;
 }
 
+/* Fault injection for tests (COWBOX_FAULT_SQL_STEP=N): the Nth step of
+ * SQLite's programs on a writable top layer is interrupted, as an I/O error
+ * or a full disk would stop it: a write then loses the whole transaction,
+ * a read fails alone. */
+static int fault_step(void *userdata) {
+        Volume *v = userdata;
+
+        return v->fault_steps_left > 0 && --v->fault_steps_left == 0;
+}
+
+static uint64_t fault_steps_from_env(void) {
+        const char *e = secure_getenv("COWBOX_FAULT_SQL_STEP");
+        unsigned long long n;
+        char *end;
+
+        if (!e)
+                return 0;
+        errno = 0;
+        n = strtoull(e, &end, 10);
+        return errno == 0 && *end == 0 ? (uint64_t) n : 0;
+}
+
 static int top_prepare(Volume *v) {
         static const PreparedQuery queries[] = {
                 { offsetof(TopStatements, put_inode),
@@ -154,14 +176,30 @@ static int top_prepare(Volume *v) {
                   "VALUES (?1, ?2, ?3, cowbox_check('blockref', ?1, ?2, ?3))" },
                 { offsetof(TopStatements, delete_blockref), "DELETE FROM blockrefs WHERE digest = ?1" },
                 { offsetof(TopStatements, list_orphans), "SELECT ino FROM inodes WHERE nlink = 0" },
+                { offsetof(TopStatements, savepoint), "SAVEPOINT change" },
+                { offsetof(TopStatements, release_savepoint), "RELEASE change" },
+                { offsetof(TopStatements, rollback_to_savepoint), "ROLLBACK TO change" },
         };
         int r;
 
         r = sqlite_prepare_all(v->layers[0].db, queries, ELEMENTSOF(queries), &v->top);
         if (r < 0)
                 return r;
+        if (v->fault_steps_left > 0)
+                sqlite3_progress_handler(v->layers[0].db, 1, fault_step, v);
         v->top_prepared = true;
         return 0;
+}
+
+/* Stops using the top layer: what the kernel was told no longer matches
+ * it, or cannot be taken back. As after a crash, the layer holds what was
+ * committed last; everything fails with EIO until the volume is opened
+ * again. */
+static void volume_fail(Volume *v) {
+        if (v->layers[0].db)
+                sqlite_rollback(v->layers[0].db);
+        v->in_transaction = false;
+        v->failed = true;
 }
 
 static void layers_unload(Volume *v) {
@@ -197,11 +235,35 @@ static int layers_current(Volume *v) {
  * one the next change will write in: in autocommit, every query would lock
  * the database file, look at it again and unlock it, three system calls
  * that cost more than the query. */
+static int top_begin(Volume *v) {
+        int r;
+
+        r = sqlite_exec(v->layers[0].db, "BEGIN");
+        if (r < 0)
+                return r;
+        v->in_transaction = true;
+        v->changes_at_begin = sqlite3_total_changes64(v->layers[0].db);
+        return 0;
+}
+
 static void top_read_begin(Volume *v) {
         if (!v->writable || !v->layers[0].db || v->in_transaction || v->failed)
                 return;
-        if (sqlite_exec(v->layers[0].db, "BEGIN") >= 0)
-                v->in_transaction = true;
+        (void) top_begin(v);
+}
+
+/* After some I/O errors SQLite rolls back the whole transaction. If it had
+ * written nothing, nothing is lost and the next change begins another. */
+static int top_transaction_check(Volume *v) {
+        sqlite3 *db = v->layers[0].db;
+
+        if (!v->in_transaction || !db || !sqlite3_get_autocommit(db))
+                return 0;
+        v->in_transaction = false;
+        if (sqlite3_total_changes64(db) == v->changes_at_begin)
+                return 0;
+        volume_fail(v);
+        return -EIO;
 }
 
 static int layers_load_once(Volume *v, bool *ret_missing);
@@ -318,6 +380,9 @@ int volume_ensure_top(Volume *v) {
                 return -EROFS;
         if (v->failed)
                 return -EIO;
+        r = top_transaction_check(v);
+        if (r < 0)
+                return r;
         if (!top->db) {
                 r = layer_create(v->store, top->id, &v->counters, false, &top->db);
                 if (r < 0)
@@ -331,13 +396,59 @@ int volume_ensure_top(Volume *v) {
                 if (r < 0)
                         return r;
         }
-        if (!v->in_transaction) {
-                r = sqlite_exec(top->db, "BEGIN");
-                if (r < 0)
-                        return r;
-                v->in_transaction = true;
-        }
+        if (!v->in_transaction)
+                return top_begin(v);
         return 0;
+}
+
+int top_change_begin(Volume *v, TopChange *ret) {
+        int r;
+
+        *ret = (TopChange) {};
+        r = volume_ensure_top(v);
+        if (r < 0)
+                return r;
+        r = sqlite_step_done(v->top.savepoint);
+        if (r < 0)
+                return top_transaction_check(v) ?: r;
+        *ret = (TopChange) {
+                .counters = v->counters,
+                .orphan_bytes = v->orphan_bytes,
+                .memory_changes = v->memory_changes,
+                .changed = v->changed,
+                .begun = true,
+        };
+        return 0;
+}
+
+int top_change_end(Volume *v, const TopChange *c, int r) {
+        sqlite3 *db = v->layers[0].db;
+
+        if (!c->begun)
+                return r;
+        if (sqlite3_get_autocommit(db)) {
+                /* The whole transaction went, this change with it. The
+                 * volume fails if the transaction held anything more. */
+                (void) top_transaction_check(v);
+                if (r >= 0)
+                        r = -EIO;
+        } else if (r >= 0) {
+                int k = sqlite_step_done(v->top.release_savepoint);
+
+                if (k >= 0)
+                        return r;
+                r = k;
+        }
+        if (!sqlite3_get_autocommit(db) &&
+            (sqlite_step_done(v->top.rollback_to_savepoint) < 0 || sqlite_step_done(v->top.release_savepoint) < 0))
+                volume_fail(v);
+        /* Blocks in memory are not rolled back with the layer. */
+        if (v->memory_changes != c->memory_changes)
+                volume_fail(v);
+        v->counters = c->counters;
+        v->orphan_bytes = c->orphan_bytes;
+        v->changed = c->changed;
+        return r;
 }
 
 void volume_mark_changed(Volume *v) {
@@ -352,6 +463,8 @@ int volume_commit_locked(Volume *v, uint64_t must_ino) {
 
         if (!v->writable || !v->changed)
                 return 0;
+        if (v->failed)
+                return -EIO;
 
         /* Another program may have filled the disk since the space was
          * checked: what was accepted goes in with the reserve's space. A
@@ -376,10 +489,8 @@ int volume_commit_locked(Volume *v, uint64_t must_ino) {
                 return r;
         r = sqlite_commit(v->layers[0].db);
         if (r < 0) {
-                if (sqlite3_get_autocommit(v->layers[0].db)) {
-                        v->in_transaction = false;
-                        v->failed = true;
-                }
+                if (sqlite3_get_autocommit(v->layers[0].db))
+                        volume_fail(v);
                 return r;
         }
         v->in_transaction = false;
@@ -521,6 +632,8 @@ int volume_open(Store *s, const char *name, bool writable, Volume **ret, pid_t *
         v->writable = writable;
         v->lock_fd = v->gc_fd = -EBADF;
         v->flush_ahead_at = FLUSH_AHEAD_BLOCKS;
+        if (writable)
+                v->fault_steps_left = fault_steps_from_env();
         pthread_mutex_init(&v->lock, NULL);
         {
                 pthread_condattr_t attr;
@@ -876,6 +989,7 @@ static int xattrs_copy_up(Volume *v, uint64_t ino, size_t from_layer) {
 /* The row, copied up into the top layer first if it is below: whole, with
  * its content, even where only the attributes were asked for. */
 static int inode_find_for_write(Volume *v, uint64_t ino, bool with_content, InodeRow *ret) {
+        TopChange change;
         int r;
 
         r = volume_ensure_top(v);
@@ -893,18 +1007,19 @@ static int inode_find_for_write(Volume *v, uint64_t ino, bool with_content, Inod
 
         /* Copy-up: the top layer gets the whole row and the xattrs; the file
          * contents stay below, visible up to lower_limit. */
-        r = xattrs_copy_up(v, ino, ret->layer);
-        if (r < 0)
-                goto fail;
         ret->lower_limit = LOWER_LIMIT_NONE;
-        r = inode_put(v, ret);
-        if (r < 0)
-                goto fail;
+        r = top_change_begin(v, &change);
+        if (r >= 0)
+                r = xattrs_copy_up(v, ino, ret->layer);
+        if (r >= 0)
+                r = inode_put(v, ret);
+        r = top_change_end(v, &change, r);
+        if (r < 0) {
+                inode_row_clear(ret);
+                return r;
+        }
         ret->layer = 0;
         return 0;
-fail:
-        inode_row_clear(ret);
-        return r;
 }
 
 int inode_get_for_write(Volume *v, uint64_t ino, InodeRow *ret) {
@@ -915,15 +1030,9 @@ int inode_get_attr_for_write(Volume *v, uint64_t ino, InodeRow *ret) {
         return inode_find_for_write(v, ino, false, ret);
 }
 
-/* Drops an inode without names (already out of the counters) from the top
- * layer, with its data. */
-int inode_drop(Volume *v, const InodeRow *row) {
+static int inode_drop_rows(Volume *v, const InodeRow *row) {
         int r;
 
-        r = volume_ensure_top(v);
-        if (r < 0)
-                return r;
-        data_forget_dirty(v, row->ino, 0, row->size);
         r = extents_delete_from(v, row->ino, 0);
         if (r < 0)
                 return r;
@@ -941,8 +1050,22 @@ int inode_drop(Volume *v, const InodeRow *row) {
                 if (r < 0)
                         return r;
         }
-        inode_forgotten(v, row);
         volume_mark_changed(v);
+        return 0;
+}
+
+/* Drops an inode without names (already out of the counters) from the top
+ * layer, with its data. */
+int inode_drop(Volume *v, const InodeRow *row) {
+        TopChange change;
+        int r;
+
+        r = top_change_begin(v, &change);
+        r = top_change_end(v, &change, r ?: inode_drop_rows(v, row));
+        if (r < 0)
+                return r;
+        data_forget_dirty(v, row->ino, 0, row->size);
+        inode_forgotten(v, row);
         return 0;
 }
 
@@ -1321,14 +1444,11 @@ static int top_extent_digest(Volume *v, uint64_t ino, uint64_t idx, Digest *ret)
         return r;
 }
 
-int extent_put(Volume *v, uint64_t ino, uint64_t idx, const Digest *digest, uint32_t len, uint32_t stored_len) {
+static int extent_replace(Volume *v, uint64_t ino, uint64_t idx, const Digest *digest, uint32_t len,
+                          uint32_t stored_len) {
         sqlite3_stmt *st;
         Digest old;
         int r;
-
-        r = volume_ensure_top(v);
-        if (r < 0)
-                return r;
 
         r = top_extent_digest(v, ino, idx, &old);
         if (r < 0)
@@ -1361,7 +1481,16 @@ int extent_put(Volume *v, uint64_t ino, uint64_t idx, const Digest *digest, uint
         return 0;
 }
 
-int extents_delete_from(Volume *v, uint64_t ino, uint64_t first_idx) {
+/* An extent and the block references that go with it change together. */
+int extent_put(Volume *v, uint64_t ino, uint64_t idx, const Digest *digest, uint32_t len, uint32_t stored_len) {
+        TopChange change;
+        int r;
+
+        r = top_change_begin(v, &change);
+        return top_change_end(v, &change, r ?: extent_replace(v, ino, idx, digest, len, stored_len));
+}
+
+static int extents_delete_rows(Volume *v, uint64_t ino, uint64_t first_idx) {
         sqlite3_stmt *st = v->top.list_extents_from;
         Digest *digests = NULL;
         size_t n = 0, allocated = 0;
@@ -1393,4 +1522,12 @@ int extents_delete_from(Volume *v, uint64_t ino, uint64_t first_idx) {
                 return r;
         volume_mark_changed(v);
         return 0;
+}
+
+int extents_delete_from(Volume *v, uint64_t ino, uint64_t first_idx) {
+        TopChange change;
+        int r;
+
+        r = top_change_begin(v, &change);
+        return top_change_end(v, &change, r ?: extents_delete_rows(v, ino, first_idx));
 }

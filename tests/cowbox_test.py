@@ -844,9 +844,10 @@ class Store:
     def fsck(self, repair=False, expect=0):
         return self.run('fsck', *(['--repair'] if repair else []), expect=expect)
 
-    def mount(self, name, readonly=False, path=None):
-        """A Mount of subvolume name (a context manager)."""
-        m = Mount(self, name, path or self.new_dir(f'mnt-{name}'), readonly)
+    def mount(self, name, readonly=False, path=None, env=None):
+        """A Mount of subvolume name (a context manager); env is added to the
+        server's environment."""
+        m = Mount(self, name, path or self.new_dir(f'mnt-{name}'), readonly, env)
         self.mounts.append(m)
         return m
 
@@ -855,11 +856,12 @@ class Mount:
     """A subvolume mounted in the background by cowbox-store; unmounted with
     fusermount3 -u when the block ends, even when it ends with an error."""
 
-    def __init__(self, store, name, path, readonly=False):
+    def __init__(self, store, name, path, readonly=False, env=None):
         self.store = store
         self.name = name
         self.path = path
         self.readonly = readonly
+        self.env = env
         self.mounted = False
         self.pids = []
 
@@ -882,10 +884,12 @@ class Mount:
 
     def mount(self, expect=0):
         """Mounts; with expect='fail' checks that mounting fails and returns
-        the Result."""
+        the Result; with expect=None, either may happen (see self.mounted)."""
         args = ['mount', '--background'] + (['--read-only'] if self.readonly else [])
-        r = self.store.run(*args, self.name, self.path, expect=expect, timeout=120)
-        if expect != 0:
+        r = self.store.run(*args, self.name, self.path, expect=expect, timeout=120, env=self.env)
+        if expect is None and r.code != 0:
+            return r
+        if expect not in (0, None):
             if is_mounted(self.path):
                 self.mounted = True
                 fail(f'mount was expected to fail but {self.path} is mounted:\n{r.describe()}')

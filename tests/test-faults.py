@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Every change of a mount is all or nothing. A script of operations (files
+written, truncated, hole-punched, renamed over and exchanged, linked,
+unlinked, their xattrs and modes changed, most on files of a snapshot's
+lower layer, so that each first copies its row up) runs on a mount whose
+server has one SQLite step interrupted, at a different point each run: a
+read that fails alone, or a write that makes SQLite roll back the whole
+transaction. Each operation is followed by an fsync. After the run the
+store must be consistent (fsck), and the subvolume must hold exactly the
+operations that succeeded, with the one that failed either wholly there or
+wholly absent; once the server gave up, nothing after it.
+
+  COWBOX_FAULT_RUNS=N     runs, each with its own point of failure (default 60)
+  COWBOX_FAULT_SEED=N     replay one run
+"""
+
+import errno
+import os
+import random
+import sys
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cowbox_test as t  # noqa: E402
+from cowbox_test import KiB  # noqa: E402
+
+J = os.path.join
+BLOCK = 64 * KiB
+# The script takes about this many steps of SQLite's programs on the top
+# layer, mount and unmount included; faults are injected up to a bit past it.
+STEPS = 12000
+
+
+def data(seed, size):
+    return t.random_bytes(size, seed) if seed % 2 else t.pattern_bytes(size, seed)
+
+
+def make_base(root):
+    os.mkdir(J(root, 'dir'))
+    os.mkdir(J(root, 'dir', 'sub'))
+    os.mkdir(J(root, 'empty'))
+    t.write_file(J(root, 'small'), data(1, 700))
+    t.write_file(J(root, 'big'), data(2, 3 * BLOCK + 1234))
+    t.write_file(J(root, 'dir', 'a'), data(3, 5000))
+    t.write_file(J(root, 'dir', 'sub', 'b'), data(4, 2 * BLOCK))
+    t.write_file(J(root, 'victim'), data(5, 40 * KiB))
+    os.setxattr(J(root, 'small'), 'user.tag', b'base')
+    os.setxattr(J(root, 'big'), 'user.one', b'1')
+    os.setxattr(J(root, 'big'), 'user.two', b'2' * 300)
+    os.symlink('dir/a', J(root, 'link'))
+
+
+def write_at(path, offset, payload):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        n = os.pwrite(fd, payload, offset)
+        # One request: the kernel splits a write whose first page it writes
+        # only in part, and each request is a change of its own.
+        t.check(n == len(payload), f'a short write of {path}: {n} of {len(payload)} bytes')
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create(path):
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640))
+
+
+def truncate(path, size):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def punch(path, offset, length):
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        t.fallocate(fd, t.FALLOC_FL_PUNCH_HOLE | t.FALLOC_FL_KEEP_SIZE, offset, length)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def clone_block(src, dst):
+    """Shares src's first block with dst (one request)."""
+    with open(src, 'rb') as fi, open(dst, 'r+b') as fo:
+        n = os.copy_file_range(fi.fileno(), fo.fileno(), BLOCK, 0, 0)
+        t.check(n == BLOCK, f'a short copy_file_range: {n} of {BLOCK} bytes')
+        os.fsync(fo.fileno())
+
+
+def synced(fn):
+    """The operation, then an fsync of the root: its changes are committed."""
+    def run(root):
+        fn(root)
+        t.fsync_dir(root)
+    return run
+
+
+# Each is one request to the server (a change of its own: a system call
+# the kernel splits into several is not all or nothing on any file system),
+# and none depends on an earlier one having failed or not, beyond what the
+# host replay reproduces.
+SCRIPT = [
+    ('write into a lower small file', lambda r: write_at(J(r, 'small'), 100, data(10, 200))),
+    ('grow a small file into blocks', lambda r: write_at(J(r, 'small'), 5000, data(11, 3000))),
+    ('overwrite across blocks', lambda r: write_at(J(r, 'big'), BLOCK - 8192, data(12, 16384))),
+    ('shrink into a block', lambda r: truncate(J(r, 'big'), 2 * BLOCK + 77)),
+    ('punch a hole', lambda r: punch(J(r, 'dir', 'sub', 'b'), 1000, BLOCK + 3000)),
+    ('create', lambda r: create(J(r, 'new'))),
+    ('write a new file', lambda r: write_at(J(r, 'new'), 0, data(13, 9000))),
+    ('mkdir', lambda r: os.mkdir(J(r, 'made'))),
+    ('symlink', lambda r: os.symlink('../big', J(r, 'made', 'up'))),
+    ('hard link a lower file', lambda r: os.link(J(r, 'dir', 'a'), J(r, 'made', 'a2'))),
+    ('create a clone', lambda r: create(J(r, 'cloned'))),
+    ('clone a lower block', lambda r: clone_block(J(r, 'big'), J(r, 'cloned'))),
+    ('rename over a lower file', lambda r: os.rename(J(r, 'new'), J(r, 'victim'))),
+    ('exchange across directories',
+     lambda r: t.renameat2(J(r, 'dir', 'a'), J(r, 'made', 'up'), t.RENAME_EXCHANGE)),
+    ('rename a directory', lambda r: os.rename(J(r, 'dir', 'sub'), J(r, 'made', 'sub'))),
+    ('set an xattr', lambda r: os.setxattr(J(r, 'big'), 'user.three', b'3' * 50)),
+    ('replace an xattr', lambda r: os.setxattr(J(r, 'small'), 'user.tag', b'changed')),
+    ('remove an xattr', lambda r: os.removexattr(J(r, 'big'), 'user.one')),
+    ('chmod', lambda r: os.chmod(J(r, 'dir'), 0o711)),
+    ('utime', lambda r: os.utime(J(r, 'link'), ns=(1_000_000_000, 2_000_000_000), follow_symlinks=False)),
+    ('unlink a lower file', lambda r: os.unlink(J(r, 'made', 'a2'))),
+    ('rmdir a lower directory', lambda r: os.rmdir(J(r, 'empty'))),
+    ('truncate to zero', lambda r: truncate(J(r, 'victim'), 0)),
+    ('mknod a fifo', lambda r: os.mkfifo(J(r, 'fifo'))),
+    ('append', lambda r: write_at(J(r, 'cloned'), 2 * BLOCK, data(14, 777))),
+]
+
+
+def replay(root, indices):
+    for i in indices:
+        synced(SCRIPT[i][1])(root)
+
+
+def run_once(store, seed, base_dir):
+    rng = random.Random(seed)
+    step = rng.randint(1, STEPS)
+    name = f'run-{seed}'
+    store.snapshot('base', name)
+    m = store.mount(name, env={'COWBOX_FAULT_SQL_STEP': str(step)})
+    opened = m.mount(expect=None)
+    applied, failed, dead = [], None, False
+    if m.mounted:
+        for i, (what, fn) in enumerate(SCRIPT):
+            try:
+                synced(fn)(m.path)
+            except OSError as e:
+                if failed is None:
+                    failed = i
+                    print(f'  run {seed} (step {step}): {what}: {t.errno_name(e.errno)}', flush=True)
+                elif e.errno == errno.EIO:
+                    dead = True
+                continue
+            t.check(not dead, f'run {seed}: {what} succeeded after the server gave up')
+            applied.append(i)
+        m.unmount()
+    else:
+        t.check(isinstance(opened.code, int) and 1 <= opened.code <= 125 and opened.err.strip(),
+                f'run {seed}: a failed mount must fail cleanly:\n{opened.describe()}')
+        print(f'  run {seed} (step {step}): the mount failed: {opened.err.strip()}', flush=True)
+        failed = -1
+
+    store.fsck()
+    candidates = [applied]
+    if failed is not None and failed >= 0:
+        candidates.append(sorted(applied + [failed]))
+    with store.mount(name) as fresh:
+        got = t.manifest(fresh.path)
+    differences = []
+    for k, indices in enumerate(candidates):
+        with t.temporary_directory(f'expected-{seed}-{k}') as host:
+            t.copy_tree(J(base_dir, '.'), host)
+            try:
+                replay(host, indices)
+            except OSError:
+                continue
+            diffs = t.compare_manifests(got, t.manifest(host), label_a='subvolume', label_b='expected',
+                                        mtime=False, dir_mtime=False)
+            if not diffs:
+                store.delete(name, reap=False)
+                return failed is not None
+            differences.append(f'with {indices}:\n    ' + '\n    '.join(diffs[:10]))
+    t.fail(f'run {seed} (fault at step {step}, operation {failed}): the subvolume holds neither the '
+           f'operations that succeeded nor those and the one that failed; differences ' + '\n'.join(differences))
+
+
+def test_faults():
+    t.require_root('FUSE mounts')
+    t.require_fuse()
+    runs = t.seeds('COWBOX_FAULT_SEED', 'COWBOX_FAULT_RUNS', 60)
+    with t.Store('faults') as store, t.temporary_directory('faults-base') as base_dir:
+        store.create('base')
+        with store.mount('base') as m:
+            make_base(m.path)
+        make_base(base_dir)
+        with store.mount('base') as m:
+            t.assert_trees_equal(m.path, base_dir, 'the base', mtime=False, dir_mtime=False)
+        faulted = sum(run_once(store, seed, base_dir) for seed in runs)
+        store.reap()
+        store.fsck()
+        print(f'{faulted} of {len(runs)} runs failed an operation', flush=True)
+        if len(runs) >= 10:
+            t.check(faulted >= len(runs) // 2,
+                    f'only {faulted} of {len(runs)} runs met their fault: STEPS is too high')
+
+
+if __name__ == '__main__':
+    t.main(test_faults)
