@@ -77,6 +77,14 @@ int sqlite_open(const char *path, int flags, bool wal, sqlite3 **ret) {
 
         (void) sqlite3_busy_timeout(db, 30000);
 
+        /* Statement journals and sorts in memory, not in temporary files:
+         * those go to the temporary directory, often on the store's disk,
+         * where a change of a mount, rolled back as a whole if it fails,
+         * must not need new space to free space. */
+        r = sqlite_exec(db, "PRAGMA temp_store=MEMORY");
+        if (r < 0)
+                return r;
+
         if (wal && !(flags & SQLITE_OPEN_READONLY)) {
                 /* Short WALs: checkpointed every MiB, cut back to 4 MiB after
                  * a checkpoint, so that the space kept for journals on a

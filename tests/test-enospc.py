@@ -7,7 +7,8 @@ everything fsync'd before reads back intact, also after a remount;
 unlinking and deleting work on the full disk; after a reap the space is back
 and writing works again, with no repair; fsck finds the store consistent.
 When another program fills the disk, the store gives back the reserve file
-it keeps for that, and still opens, deletes and reaps."""
+it keeps for that, and still opens, deletes and reaps, and cuts a large
+file with SQLite's temporary directory on the full disk."""
 
 import errno
 import os
@@ -177,6 +178,7 @@ def run():
         store.reap()
 
         test_filled_by_others(store, fs)
+        test_temporary_files(store, fs)
         subprocess.run(['sync'])
 
 
@@ -246,6 +248,38 @@ def test_filled_by_others(store, fs):
             t.check_bytes(os.getxattr(m.p(name), 'user.big'), value, f'base after its fold: the xattr of {name}')
     with store.mount('live') as m:
         t.check_bytes(t.read_file(m.p('unsynced')), unsynced, 'the file fsync\'d on the full disk, remounted')
+    store.fsck()
+
+
+
+def test_temporary_files(store, fs):
+    """A file of 4,096 blocks cut to nothing on a disk another program
+    filled, with the server's temporary directory on that disk (as when
+    /var/tmp and the store share the root file system): undoing a change
+    that fails must not need a temporary file of its own."""
+    tmp = os.path.join(fs, 'tmp')
+    os.mkdir(tmp)
+    block = t.random_bytes(64 * KiB, 9)    # the same block: stored once
+    store.create('huge')
+    with store.mount('huge', env={'TMPDIR': tmp}) as m:
+        with open(m.p('file'), 'wb') as f:
+            for i in range(4096):
+                f.write(block)
+                if i % 64 == 63:        # what is dirty in memory holds its room on the disk
+                    f.flush()
+                    os.fsync(f.fileno())
+        filler = t.fill_file_system(fs)
+        try:
+            os.truncate(m.p('file'), 0)
+            t.fsync_dir(m.path)
+        except OSError as e:
+            t.fail(f'cutting a file of 4,096 blocks to nothing on the full disk: {e}')
+        finally:
+            os.unlink(filler)
+    with store.mount('huge', readonly=True) as m:
+        t.check_equal(os.stat(m.p('file')).st_size, 0, 'the size of the file cut on the full disk')
+    store.delete('huge', reap=False)
+    store.reap()
     store.fsck()
 
 
