@@ -269,19 +269,31 @@ int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_
         return 0;
 }
 
-static int insert_layer(Store *s, uint64_t parent, uint64_t *ret) {
+/* An id handed out in a transaction that was rolled back is handed out
+ * again (AUTOINCREMENT only skips those committed), and the files made for
+ * it may still be there: no committed row ever named them, so they go. A
+ * new layer must start empty, not with the contents of a failed attempt. */
+int catalog_new_layer(Store *s, uint64_t parent, uint64_t *ret) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        uint64_t id;
         int r;
 
         r = sqlite_prepare(s->catalog, "INSERT INTO layers(parent, created_usec) VALUES (?1, ?2)", &st);
         if (r < 0)
                 return r;
-        sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
+        if (parent)
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
+        else
+                sqlite3_bind_null(st, 1);
         sqlite3_bind_int64(st, 2, (sqlite3_int64) now_usec());
         r = sqlite_step_done(st);
         if (r < 0)
                 return r;
-        *ret = (uint64_t) sqlite3_last_insert_rowid(s->catalog);
+        id = (uint64_t) sqlite3_last_insert_rowid(s->catalog);
+        r = layer_unlink(s, id);
+        if (r < 0)
+                return r;
+        *ret = id;
         return 0;
 }
 
@@ -339,7 +351,7 @@ int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, 
                 return r;
 
         if (!source->readonly) {
-                r = insert_layer(s, frozen, &source_top);
+                r = catalog_new_layer(s, frozen, &source_top);
                 if (r < 0)
                         goto fail;
                 r = set_top_layer(s, source->id, source_top);
@@ -347,7 +359,7 @@ int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, 
                         goto fail;
         }
         if (!readonly) {
-                r = insert_layer(s, frozen, &snapshot_top);
+                r = catalog_new_layer(s, frozen, &snapshot_top);
                 if (r < 0)
                         goto fail;
         }
@@ -376,7 +388,7 @@ int catalog_set_readonly(Store *s, const SubvolumeRecord *rec, bool readonly) {
         if (r < 0)
                 return r;
         if (!readonly) {
-                r = insert_layer(s, rec->top_layer, &top);
+                r = catalog_new_layer(s, rec->top_layer, &top);
                 if (r < 0)
                         goto fail;
         }

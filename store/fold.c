@@ -176,23 +176,8 @@ fail:
 }
 
 static int new_layer_row(Store *s, uint64_t parent, uint64_t *ret) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
-        int r;
-
         CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, "INSERT INTO layers(parent, created_usec) VALUES (?1, ?2)", &st);
-        if (r < 0)
-                return r;
-        if (parent)
-                sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
-        else
-                sqlite3_bind_null(st, 1);
-        sqlite3_bind_int64(st, 2, (sqlite3_int64) now_usec());
-        r = sqlite_step_done(st);
-        if (r < 0)
-                return r;
-        *ret = (uint64_t) sqlite3_last_insert_rowid(s->catalog);
-        return 0;
+        return catalog_new_layer(s, parent, ret);
 }
 
 /* Builds M's database: a copy of the lower layer with the upper applied,

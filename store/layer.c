@@ -346,9 +346,10 @@ int layer_create(Store *s, uint64_t id, const LayerCounters *inherit, bool with_
                 r = -errno;
                 goto fail;
         }
-        if (fsync(s->layers_fd) < 0)
-                return -errno;
-        return layer_open(s, id, LAYER_WRITE, ret);
+        r = fsync(s->layers_fd) < 0 ? -errno : layer_open(s, id, LAYER_WRITE, ret);
+        if (r < 0)
+                (void) layer_unlink(s, id); /* whole and opened, or not there */
+        return r;
 fail:
         (void) unlink(tmp);
         return r;

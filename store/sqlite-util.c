@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdlib.h>
 
 #include "alloc-util.h"
 #include "sqlite-util.h"
@@ -52,7 +53,38 @@ static int sqlite_db_errno(sqlite3 *db, int rc) {
         return sqlite_errno(rc);
 }
 
+/* Fault injection for tests (COWBOX_FAULT_SQL_STEP=N): the Nth step of
+ * SQLite's programs in this process, on any connection, is interrupted,
+ * as an I/O error or a full disk would stop it: a write then makes SQLite
+ * roll back its whole transaction, a read fails alone. */
+static uint64_t fault_steps_left;
+
+static int fault_step(void *userdata) {
+        uint64_t left = __atomic_load_n(&fault_steps_left, __ATOMIC_RELAXED);
+
+        while (left > 0)
+                if (__atomic_compare_exchange_n(&fault_steps_left, &left, left - 1, false, __ATOMIC_RELAXED,
+                                                __ATOMIC_RELAXED))
+                        return left == 1;
+        return 0;
+}
+
+static void fault_injection_configure(void) {
+        const char *e = secure_getenv("COWBOX_FAULT_SQL_STEP");
+        unsigned long long n;
+        char *end;
+
+        if (!e)
+                return;
+        errno = 0;
+        n = strtoull(e, &end, 10);
+        if (errno == 0 && *end == 0)
+                fault_steps_left = (uint64_t) n;
+}
+
 static void sqlite_configure(void) {
+        fault_injection_configure();
+
         /* No bulk allocation of 20 cache pages when a connection reads its
          * first page: filling it in touches every page of it, a fault each,
          * which short commands paid for pages they never used. Fails
@@ -76,6 +108,8 @@ int sqlite_open(const char *path, int flags, bool wal, sqlite3 **ret) {
                 return sqlite_db_errno(db, rc);
 
         (void) sqlite3_busy_timeout(db, 30000);
+        if (__atomic_load_n(&fault_steps_left, __ATOMIC_RELAXED) > 0)
+                sqlite3_progress_handler(db, 1, fault_step, NULL);
 
         /* Statement journals and sorts in memory, not in temporary files:
          * those go to the temporary directory, often on the store's disk,

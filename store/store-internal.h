@@ -131,6 +131,10 @@ int catalog_find_subvolume_by_id(Store *s, uint64_t id, SubvolumeRecord *ret);
 int catalog_find_subvolume_by_uuid(Store *s, const char *uuid, bool received, SubvolumeRecord *ret);
 int catalog_set_readonly(Store *s, const SubvolumeRecord *rec, bool readonly);
 
+/* Adds a layer above parent (0: a bottom layer) in the caller's transaction,
+ * if any; the catalog lock is the caller's. */
+int catalog_new_layer(Store *s, uint64_t parent, uint64_t *ret);
+
 /* The stack of a layer: ids from the layer itself (index 0) down to the
  * bottom. */
 int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_n);

@@ -393,15 +393,9 @@ int store_subvolume_create(Store *s, const char *name) {
         r = sqlite_begin(s->catalog);
         if (r < 0)
                 return r;
-        r = sqlite_prepare(s->catalog, "INSERT INTO layers(parent, created_usec) VALUES (NULL, ?1)", &st);
+        r = catalog_new_layer(s, 0, &layer_id);
         if (r < 0)
                 goto fail;
-        sqlite3_bind_int64(st, 1, (sqlite3_int64) now_usec());
-        r = sqlite_step_done(st);
-        if (r < 0)
-                goto fail;
-        layer_id = (uint64_t) sqlite3_last_insert_rowid(s->catalog);
-        sqlite3_finalize(TAKE_PTR(st));
 
         r = catalog_next_transid(s, &transid);
         if (r < 0)

@@ -109,9 +109,6 @@ struct Volume {
         /* Counts changes of dirty blocks: a change of the top layer that
          * made one cannot be rolled back. */
         uint64_t memory_changes;
-        /* COWBOX_FAULT_SQL_STEP: SQLite steps on the top layer left until
-         * one is interrupted, 0: none. */
-        uint64_t fault_steps_left;
 
         DirtyBlock *dirty[DIRTY_BUCKETS];
         size_t n_dirty;

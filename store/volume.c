@@ -117,28 +117,6 @@ int volume_row_intact(Volume *v, sqlite3_stmt *st, int column) {
         return -EIO;
 }
 
-/* Fault injection for tests (COWBOX_FAULT_SQL_STEP=N): the Nth step of
- * SQLite's programs on a writable top layer is interrupted, as an I/O error
- * or a full disk would stop it: a write then loses the whole transaction,
- * a read fails alone. */
-static int fault_step(void *userdata) {
-        Volume *v = userdata;
-
-        return v->fault_steps_left > 0 && --v->fault_steps_left == 0;
-}
-
-static uint64_t fault_steps_from_env(void) {
-        const char *e = secure_getenv("COWBOX_FAULT_SQL_STEP");
-        unsigned long long n;
-        char *end;
-
-        if (!e)
-                return 0;
-        errno = 0;
-        n = strtoull(e, &end, 10);
-        return errno == 0 && *end == 0 ? (uint64_t) n : 0;
-}
-
 static int top_prepare(Volume *v) {
         static const PreparedQuery queries[] = {
                 { offsetof(TopStatements, put_inode),
@@ -185,8 +163,6 @@ static int top_prepare(Volume *v) {
         r = sqlite_prepare_all(v->layers[0].db, queries, ELEMENTSOF(queries), &v->top);
         if (r < 0)
                 return r;
-        if (v->fault_steps_left > 0)
-                sqlite3_progress_handler(v->layers[0].db, 1, fault_step, v);
         v->top_prepared = true;
         return 0;
 }
@@ -632,8 +608,6 @@ int volume_open(Store *s, const char *name, bool writable, Volume **ret, pid_t *
         v->writable = writable;
         v->lock_fd = v->gc_fd = -EBADF;
         v->flush_ahead_at = FLUSH_AHEAD_BLOCKS;
-        if (writable)
-                v->fault_steps_left = fault_steps_from_env();
         pthread_mutex_init(&v->lock, NULL);
         {
                 pthread_condattr_t attr;

@@ -11,13 +11,19 @@ store must be consistent (fsck), and the subvolume must hold exactly the
 operations that succeeded, with the one that failed either wholly there or
 wholly absent; once the server gave up, nothing after it.
 
-  COWBOX_FAULT_RUNS=N     runs, each with its own point of failure (default 60)
-  COWBOX_FAULT_SEED=N     replay one run
+Store commands (create, snapshot, delete, reap) likewise: each is done
+wholly or not at all, and no file is left that the catalog does not know.
+
+  COWBOX_FAULT_RUNS=N             runs, each with its own point of failure (default 60)
+  COWBOX_FAULT_SEED=N             replay one run
+  COWBOX_FAULT_COMMAND_RUNS=N     runs of store commands (default 60)
+  COWBOX_FAULT_COMMAND_SEED=N     replay one of them
 """
 
 import errno
 import os
 import random
+import sqlite3
 import sys
 
 sys.dont_write_bytecode = True
@@ -29,7 +35,9 @@ J = os.path.join
 BLOCK = 64 * KiB
 # The script takes about this many steps of SQLite's programs on the top
 # layer, mount and unmount included; faults are injected up to a bit past it.
-STEPS = 12000
+STEPS = 17000
+# And each store command about this many.
+COMMAND_STEPS = {'create': 1000, 'snapshot': 400, 'snapshot-readonly': 400, 'delete': 220, 'reap': 6500}
 
 
 def data(seed, size):
@@ -192,9 +200,7 @@ def run_once(store, seed, base_dir):
            f'operations that succeeded nor those and the one that failed; differences ' + '\n'.join(differences))
 
 
-def test_faults():
-    t.require_root('FUSE mounts')
-    t.require_fuse()
+def test_mount_changes():
     runs = t.seeds('COWBOX_FAULT_SEED', 'COWBOX_FAULT_RUNS', 60)
     with t.Store('faults') as store, t.temporary_directory('faults-base') as base_dir:
         store.create('base')
@@ -210,6 +216,119 @@ def test_faults():
         if len(runs) >= 10:
             t.check(faulted >= len(runs) // 2,
                     f'only {faulted} of {len(runs)} runs met their fault: STEPS is too high')
+
+
+def run_command_with_fault(store, step, *args):
+    """Runs a cowbox-store command with a fault; it succeeds or fails
+    cleanly (an exit status of 1 to 125 and a message), never crashes.
+    Returns whether it succeeded."""
+    r = store.run(*args, expect=None, env={'COWBOX_FAULT_SQL_STEP': str(step)})
+    t.check(isinstance(r.code, int) and 0 <= r.code <= 125, f'a command with a fault crashed:\n{r.describe()}')
+    t.check(r.code == 0 or r.err.strip(), f'a command with a fault failed without a message:\n{r.describe()}')
+    t.check('Sanitizer' not in r.err and 'runtime error' not in r.err, f'a sanitizer spoke:\n{r.describe()}')
+    return r.code == 0
+
+
+def check_subvolume(store, name, want, what):
+    with store.mount(name, readonly=True) as m:
+        t.assert_manifests_equal(t.manifest(m.path), want, what, label_a=name, label_b='expected',
+                                 mtime=False, dir_mtime=False)
+
+
+def catalog_files(store):
+    """The layer and pack files the catalog knows of, by file name stem."""
+    db = sqlite3.connect(f'file:{J(store.path, "catalog.db")}?mode=ro', uri=True)
+    try:
+        layers = {str(row[0]) for row in db.execute('SELECT id FROM layers')}
+        packs = {str(row[0]) for row in db.execute('SELECT id FROM packs')}
+    finally:
+        db.close()
+    return layers, packs
+
+
+def check_nothing_left_over(store):
+    layers, packs = catalog_files(store)
+    for sub, known in (('layers', layers), ('packs', packs)):
+        for name in os.listdir(J(store.path, sub)):
+            stem = name.split('.')[0].split('-')[0]
+            t.check(stem in known, f'{sub}/{name} is left over: the catalog does not know it')
+
+
+def test_store_commands():
+    """Commands that change the store, each with a fault at a random point:
+    each is wholly done or not at all, fsck finds the store consistent, and
+    every subvolume holds what it held; in the end the reaper leaves no file
+    the catalog does not know of."""
+    runs = t.seeds('COWBOX_FAULT_COMMAND_SEED', 'COWBOX_FAULT_COMMAND_RUNS', 60)
+    with t.Store('faults-commands') as store, t.temporary_directory('faults-commands-base') as base_dir:
+        store.create('base')
+        with store.mount('base') as m:
+            make_base(m.path)
+        make_base(base_dir)
+        want = {'base': t.manifest(base_dir), 'empty': {}}
+        contents = {'base': 'base'}     # subvolume -> what it holds
+        done = 0
+        for seed in runs:
+            rng = random.Random(seed)
+            kind = rng.choice(sorted(COMMAND_STEPS))
+            step = rng.randint(1, COMMAND_STEPS[kind])
+            others = sorted(n for n in contents if n != 'base')
+            if kind in ('delete', 'reap') and not others:
+                store.snapshot('base', f'pre-{seed}')
+                contents[f'pre-{seed}'] = 'base'
+                others = [f'pre-{seed}']
+            before = dict(contents)
+            after = dict(contents)
+            if kind == 'create':
+                args, name = ['subvolume', 'create', f'c-{seed}'], f'c-{seed}'
+                after[name] = 'empty'
+            elif kind.startswith('snapshot'):
+                name = f's-{seed}'
+                args = ['subvolume', 'snapshot'] + (['-r'] if kind == 'snapshot-readonly' else []) + ['base', name]
+                after[name] = 'base'
+            elif kind == 'delete':
+                name = rng.choice(others)
+                args = ['subvolume', 'delete', '--no-reap', name]
+                del after[name]
+            else:
+                name = rng.choice(others)
+                store.delete(name, reap=False)
+                del before[name], after[name]
+                args = ['reap', '--wait']
+            ok = run_command_with_fault(store, step, *args)
+            print(f'  run {seed}: {" ".join(args)}, a fault at step {step}: {"done" if ok else "failed"}', flush=True)
+            done += ok
+            store.fsck()
+            names = store.names()
+            t.check(names in (sorted(before), sorted(after)),
+                    f'run {seed}: {" ".join(args)} with a fault at step {step} left {names}, neither '
+                    f'{sorted(before)} nor {sorted(after)}')
+            t.check(not ok or names == sorted(after), f'run {seed}: {" ".join(args)} succeeded but left {names}')
+            contents = after if names == sorted(after) else before
+            for n in {name, 'base'} & set(contents):
+                check_subvolume(store, n, want[contents[n]], f'run {seed}: {n} after {" ".join(args)} '
+                                f'with a fault at step {step}')
+        print(f'{done} of {len(runs)} commands succeeded despite their fault', flush=True)
+        if len(runs) >= 10:
+            t.check(done <= len(runs) // 2, f'{done} of {len(runs)} commands met no fault: COMMAND_STEPS is too high')
+
+        for n in contents:
+            if n != 'base':
+                store.delete(n, reap=False)
+        store.reap()
+        store.fsck()
+        check_subvolume(store, 'base', want['base'], 'base in the end')
+        t.check_equal(store.usage()['reclaimable_bytes'], 0, 'reclaimable bytes after the last reap')
+        check_nothing_left_over(store)
+
+
+def test_faults():
+    t.require_root('FUSE mounts')
+    t.require_fuse()
+    sub = t.Subtests()
+    sub.run('changes of a mount', test_mount_changes)
+    sub.run('store commands', test_store_commands)
+    sub.check()
 
 
 if __name__ == '__main__':
