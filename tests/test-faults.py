@@ -11,7 +11,7 @@ store must be consistent (fsck), and the subvolume must hold exactly the
 operations that succeeded, with the one that failed either wholly there or
 wholly absent; once the server gave up, nothing after it.
 
-Store commands (create, snapshot, delete, reap) likewise: each is done
+Store commands (create, snapshot, delete, reap, receive) likewise: each is done
 wholly or not at all, and no file is left that the catalog does not know.
 
   COWBOX_FAULT_RUNS=N             runs, each with its own point of failure (default 60)
@@ -29,6 +29,7 @@ import sys
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cowbox_test as t  # noqa: E402
+import stream_test as st  # noqa: E402
 from cowbox_test import KiB  # noqa: E402
 
 J = os.path.join
@@ -37,7 +38,8 @@ BLOCK = 64 * KiB
 # layer, mount and unmount included; faults are injected up to a bit past it.
 STEPS = 17000
 # And each store command about this many.
-COMMAND_STEPS = {'create': 1000, 'snapshot': 400, 'snapshot-readonly': 400, 'delete': 220, 'reap': 6500}
+COMMAND_STEPS = {'create': 1000, 'snapshot': 400, 'snapshot-readonly': 400, 'delete': 220, 'reap': 6500,
+                 'receive': 5000}
 
 
 def data(seed, size):
@@ -229,6 +231,22 @@ def run_command_with_fault(store, step, *args):
     return r.code == 0
 
 
+def image_stream():
+    """A send stream of a small image: a directory, files written in
+    several commands, a symlink, an xattr, modes and times."""
+    body = [st.command('mkdir', ('path', 'd')),
+            st.command('mkfile', ('path', 'd/f')),
+            st.command('write', ('path', 'd/f'), ('file_offset', 0), ('data', data(20, 3000))),
+            st.command('write', ('path', 'd/f'), ('file_offset', 3000), ('data', data(21, 5000))),
+            st.command('mkfile', ('path', 'g')),
+            st.command('write', ('path', 'g'), ('file_offset', 0), ('data', data(22, 40000))),
+            st.command('set_xattr', ('path', 'g'), ('xattr_name', 'user.k'), ('xattr_data', b'v')),
+            st.command('symlink', ('path', 'l'), ('ino', 9), ('path_link', 'd/f')),
+            st.command('chmod', ('path', 'd/f'), ('mode', 0o600)),
+            st.command('utimes', ('path', 'g'), ('atime', (1, 0)), ('mtime', (2, 0)), ('ctime', (3, 0)))]
+    return st.simple_stream(name='image', uuid=b'\x42' * 16, body=body)
+
+
 def check_subvolume(store, name, want, what):
     with store.mount(name, readonly=True) as m:
         t.assert_manifests_equal(t.manifest(m.path), want, what, label_a=name, label_b='expected',
@@ -265,7 +283,14 @@ def test_store_commands():
         with store.mount('base') as m:
             make_base(m.path)
         make_base(base_dir)
-        want = {'base': t.manifest(base_dir), 'empty': {}}
+        stream = J(store.tmp, 'image.stream')
+        with open(stream, 'wb') as f:
+            f.write(image_stream())
+        store.run('receive', '-f', stream, 'image')
+        with store.mount('image', readonly=True) as m:
+            want = {'base': t.manifest(base_dir), 'empty': {}, 'image': t.manifest(m.path)}
+        t.check(len(want['image']) == 4, f'the image holds {sorted(want["image"])}')
+        store.delete('image')
         contents = {'base': 'base'}     # subvolume -> what it holds
         done = 0
         for seed in runs:
@@ -286,6 +311,10 @@ def test_store_commands():
                 name = f's-{seed}'
                 args = ['subvolume', 'snapshot'] + (['-r'] if kind == 'snapshot-readonly' else []) + ['base', name]
                 after[name] = 'base'
+            elif kind == 'receive':
+                name = f'r-{seed}'
+                args = ['receive', '-f', stream, name]
+                after[name] = 'image'
             elif kind == 'delete':
                 name = rng.choice(others)
                 args = ['subvolume', 'delete', '--no-reap', name]
