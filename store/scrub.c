@@ -102,7 +102,7 @@ static int stack_read_begin(const Stack *st) {
 
                 if (!st->dbs[i])
                         continue;
-                r = sqlite_exec(st->dbs[i], "BEGIN");
+                r = sqlite_begin_deferred(st->dbs[i]);
                 if (r < 0) {
                         stack_read_end(st);
                         return r;

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "alloc-util.h"
 #include "sqlite-util.h"
@@ -56,12 +57,28 @@ static int sqlite_db_errno(sqlite3 *db, int rc) {
 /* Fault injection for tests (COWBOX_FAULT_SQL_STEP=N): the Nth step of
  * SQLite's programs in this process, on any connection, is interrupted,
  * as an I/O error or a full disk would stop it: a write then makes SQLite
- * roll back its whole transaction, a read fails alone. */
+ * roll back its whole transaction, a read fails alone. Not the last steps
+ * of a COMMIT that is done: an I/O error cannot fail it any more, an
+ * interrupt would. */
 static uint64_t fault_steps_left;
+
+static bool committed_already(sqlite3 *db) {
+        if (!sqlite3_get_autocommit(db))
+                return false;
+        for (sqlite3_stmt *st = sqlite3_next_stmt(db, NULL); st; st = sqlite3_next_stmt(db, st)) {
+                const char *sql = sqlite3_sql(st);
+
+                if (sqlite3_stmt_busy(st) && sql && strncmp(sql, "COMMIT", 6) == 0)
+                        return true;
+        }
+        return false;
+}
 
 static int fault_step(void *userdata) {
         uint64_t left = __atomic_load_n(&fault_steps_left, __ATOMIC_RELAXED);
 
+        if (left == 1 && committed_already(userdata))
+                return 0;
         while (left > 0)
                 if (__atomic_compare_exchange_n(&fault_steps_left, &left, left - 1, false, __ATOMIC_RELAXED,
                                                 __ATOMIC_RELAXED))
@@ -109,7 +126,7 @@ int sqlite_open(const char *path, int flags, bool wal, sqlite3 **ret) {
 
         (void) sqlite3_busy_timeout(db, 30000);
         if (__atomic_load_n(&fault_steps_left, __ATOMIC_RELAXED) > 0)
-                sqlite3_progress_handler(db, 1, fault_step, NULL);
+                sqlite3_progress_handler(db, 1, fault_step, db);
 
         /* Statement journals and sorts in memory, not in temporary files:
          * those go to the temporary directory, often on the store's disk,
@@ -201,15 +218,35 @@ int sqlite_collect_ids(sqlite3_stmt *st, uint64_t **ret_ids, size_t *ret_n) {
         return 0;
 }
 
-int sqlite_begin(sqlite3 *db) {
-        return sqlite_exec(db, "BEGIN IMMEDIATE");
-}
-
-int sqlite_commit(sqlite3 *db) {
-        return sqlite_exec(db, "COMMIT");
-}
-
 void sqlite_rollback(sqlite3 *db) {
         if (!sqlite3_get_autocommit(db))
                 (void) sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+/* A BEGIN that fails may have begun all the same (one interrupted once it
+ * had opened the transaction): nothing stays open. */
+static int begin(sqlite3 *db, const char *sql) {
+        int r;
+
+        r = sqlite_exec(db, sql);
+        if (r < 0)
+                sqlite_rollback(db);
+        return r;
+}
+
+int sqlite_begin(sqlite3 *db) {
+        return begin(db, "BEGIN IMMEDIATE");
+}
+
+int sqlite_begin_deferred(sqlite3 *db) {
+        return begin(db, "BEGIN");
+}
+
+int sqlite_commit(sqlite3 *db) {
+        int r;
+
+        r = sqlite_exec(db, "COMMIT");
+        if (r < 0)
+                sqlite_rollback(db);
+        return r;
 }

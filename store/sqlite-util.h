@@ -50,6 +50,11 @@ int sqlite_prepare_all(sqlite3 *db, const PreparedQuery *queries, size_t n, void
 /* Steps a statement and collects its first column's integers. */
 int sqlite_collect_ids(sqlite3_stmt *st, uint64_t **ret_ids, size_t *ret_n);
 
+/* BEGIN IMMEDIATE (a writer), and BEGIN (a reader until it writes). */
 int sqlite_begin(sqlite3 *db);
+int sqlite_begin_deferred(sqlite3 *db);
+/* A commit that fails is rolled back: an interrupted or failed COMMIT can
+ * leave the transaction open, and every later statement of the connection
+ * in it, never to be committed. */
 int sqlite_commit(sqlite3 *db);
 void sqlite_rollback(sqlite3 *db);

@@ -214,7 +214,7 @@ static int layers_current(Volume *v) {
 static int top_begin(Volume *v) {
         int r;
 
-        r = sqlite_exec(v->layers[0].db, "BEGIN");
+        r = sqlite_begin_deferred(v->layers[0].db);
         if (r < 0)
                 return r;
         v->in_transaction = true;
@@ -463,7 +463,9 @@ int volume_commit_locked(Volume *v, uint64_t must_ino) {
         r = layer_write_counters(v->layers[0].db, &v->counters);
         if (r < 0)
                 return r;
-        r = sqlite_commit(v->layers[0].db);
+        /* A commit that fails and leaves the transaction open is tried
+         * again at the next. */
+        r = sqlite_exec(v->layers[0].db, "COMMIT");
         if (r < 0) {
                 if (sqlite3_get_autocommit(v->layers[0].db))
                         volume_fail(v);

@@ -92,15 +92,16 @@ class Bus:
 
 
 class Daemon:
-    def __init__(self, store, bus, args=()):
+    def __init__(self, store, bus, args=(), env=None):
         self.store = store
         self.bus = bus
         self.args = list(args)
+        self.env = env or {}
         self.proc = None
         self.log = os.path.join(store.tmp, 'cowboxd.log')
 
     def start(self):
-        env = dict(os.environ, **self.bus.env)
+        env = dict(os.environ, **self.bus.env, **self.env)
         self.proc = subprocess.Popen([daemon_exe(), '--store', self.store.path] + self.args, env=env,
                                      stdout=open(self.log, 'a'), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
@@ -132,9 +133,9 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def bus_and_daemon(store, policy='contrib', args=()):
+def bus_and_daemon(store, policy='contrib', args=(), env=None):
     bus = Bus(store, policy)
-    daemon = Daemon(store, bus, args)
+    daemon = Daemon(store, bus, args, env)
     try:
         daemon.start()
         yield bus, daemon

@@ -13,11 +13,16 @@ wholly absent; once the server gave up, nothing after it.
 
 Store commands (create, snapshot, delete, reap, receive) likewise: each is done
 wholly or not at all, and no file is left that the catalog does not know.
+And cowboxd with a fault from its start on: a call that fails answers with
+an error and a message, the calls after it work, and what a call did is
+committed.
 
   COWBOX_FAULT_RUNS=N             runs, each with its own point of failure (default 60)
   COWBOX_FAULT_SEED=N             replay one run
   COWBOX_FAULT_COMMAND_RUNS=N     runs of store commands (default 60)
   COWBOX_FAULT_COMMAND_SEED=N     replay one of them
+  COWBOX_FAULT_DAEMON_RUNS=N      runs of cowboxd (default 20)
+  COWBOX_FAULT_DAEMON_SEED=N      replay one of them
 """
 
 import errno
@@ -29,6 +34,7 @@ import sys
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cowbox_test as t  # noqa: E402
+import daemon_test as dt  # noqa: E402
 import stream_test as st  # noqa: E402
 from cowbox_test import KiB  # noqa: E402
 
@@ -40,6 +46,8 @@ STEPS = 17000
 # And each store command about this many.
 COMMAND_STEPS = {'create': 1000, 'snapshot': 400, 'snapshot-readonly': 400, 'delete': 220, 'reap': 6500,
                  'receive': 5000}
+# And cowboxd, from its start to the end of the calls below.
+DAEMON_STEPS = 850
 
 
 def data(seed, size):
@@ -351,12 +359,92 @@ def test_store_commands():
         check_nothing_left_over(store)
 
 
+# Calls to make of cowboxd, each with the change of names it makes.
+DAEMON_CALLS = [
+    (['snapshot', 'image', 'w'], {'add': 'w'}),
+    (['snapshot', '-r', 'image', 'r'], {'add': 'r'}),
+    (['image', 'rename', 'r', 'r2'], {'rename': ('r', 'r2')}),
+    (['rm', 'w'], {'remove': 'w'}),
+    (['snapshot', 'image', 'w2'], {'add': 'w2'}),
+]
+
+
+def apply_call(names, change):
+    names = set(names)
+    if 'add' in change:
+        names.add(change['add'])
+    if 'remove' in change:
+        names.discard(change['remove'])
+    if 'rename' in change and change['rename'][0] in names:
+        names.discard(change['rename'][0])
+        names.add(change['rename'][1])
+    return sorted(names)
+
+
+def test_daemon_calls():
+    """cowboxd with a fault at a random point, from its start on: a call
+    that fails answers with an error and a message, the daemon goes on
+    serving and the calls after it work, each call is done wholly or not at
+    all and durably, and the store stays consistent."""
+    dt.require_dbus()
+    runs = t.seeds('COWBOX_FAULT_DAEMON_SEED', 'COWBOX_FAULT_DAEMON_RUNS', 20)
+    with t.Store('faults-daemon') as store:
+        stream = J(store.tmp, 'image.stream')
+        with open(stream, 'wb') as f:
+            f.write(image_stream())
+        store.run('receive', '-f', stream, 'image')
+        failed_calls = 0
+        for seed in runs:
+            step = random.Random(seed).randint(1, DAEMON_STEPS)
+            names = store.names()
+            bus = dt.Bus(store)
+            daemon = dt.Daemon(store, bus, env={'COWBOX_FAULT_SQL_STEP': str(step)})
+            try:
+                try:
+                    daemon.start()
+                except t.Failure:
+                    t.check(daemon.proc.poll() not in (None, 0), f'run {seed}: cowboxd neither started nor exited')
+                    print(f'  run {seed} (step {step}): cowboxd did not start', flush=True)
+                    continue
+                faulted = False
+                for argv, change in DAEMON_CALLS:
+                    r = dt.cowbox(bus, *argv, expect=None)
+                    t.check(daemon.proc.poll() is None, f'run {seed} (step {step}): cowboxd exited after '
+                            f'{" ".join(argv)}:\n{open(daemon.log).read()[-2000:]}')
+                    listed = store.names()     # what is committed, read by another process
+                    if r.code == 0:
+                        t.check_equal(listed, apply_call(names, change), f'run {seed}: names after {" ".join(argv)}')
+                    else:
+                        faulted = True
+                        failed_calls += 1
+                        print(f'  run {seed} (step {step}): {" ".join(argv)}: {r.err.strip()}', flush=True)
+                        t.check(r.err.strip(), f'run {seed}: {" ".join(argv)} failed without a message')
+                        t.check(listed in (names, apply_call(names, change)),
+                                f'run {seed}: {" ".join(argv)} failed and left {listed}')
+                    names = listed
+                if faulted:
+                    # The fault is spent: cowboxd must work as before.
+                    dt.cowbox(bus, 'snapshot', 'image', 'after')
+                    names = apply_call(names, {'add': 'after'})
+                    t.check_equal(store.names(), names, f'run {seed}: names after a snapshot that followed the fault')
+            finally:
+                daemon.stop()
+                bus.stop()
+            store.fsck()
+            t.check_equal(store.names(), names, f'run {seed}: the names after cowboxd stopped')
+            for n in set(names) - {'image'}:
+                store.delete(n)
+        if len(runs) >= 10:
+            t.check(failed_calls > 0, f'no call of {len(runs)} runs met its fault: DAEMON_STEPS is too high')
+
+
 def test_faults():
     t.require_root('FUSE mounts')
     t.require_fuse()
     sub = t.Subtests()
     sub.run('changes of a mount', test_mount_changes)
     sub.run('store commands', test_store_commands)
+    sub.run('calls of cowboxd', test_daemon_calls)
     sub.check()
 
 
