@@ -11,14 +11,19 @@ store must be consistent (fsck), and the subvolume must hold exactly the
 operations that succeeded, with the one that failed either wholly there or
 wholly absent; once the server gave up, nothing after it.
 
-Store commands (create, snapshot, delete, reap, receive) likewise: each is done
-wholly or not at all, and no file is left that the catalog does not know.
-And cowboxd with a fault from its start on: a call that fails answers with
+Reads of a mount with a fault answer right or with an error, never with
+other data (of a lower layer, say).
+
+Store commands (create, snapshot, delete, reap, receive) run with a fault
+too: each is done wholly or not at all, and no file is left that the
+catalog does not know. And cowboxd with a fault from its start on: a call that fails answers with
 an error and a message, the calls after it work, and what a call did is
 committed.
 
   COWBOX_FAULT_RUNS=N             runs, each with its own point of failure (default 60)
   COWBOX_FAULT_SEED=N             replay one run
+  COWBOX_FAULT_READ_RUNS=N        runs of reads (default 40)
+  COWBOX_FAULT_READ_SEED=N        replay one of them
   COWBOX_FAULT_COMMAND_RUNS=N     runs of store commands (default 60)
   COWBOX_FAULT_COMMAND_SEED=N     replay one of them
   COWBOX_FAULT_DAEMON_RUNS=N      runs of cowboxd (default 20)
@@ -46,6 +51,8 @@ STEPS = 17000
 # And each store command about this many.
 COMMAND_STEPS = {'create': 1000, 'snapshot': 400, 'snapshot-readonly': 400, 'delete': 220, 'reap': 6500,
                  'receive': 5000}
+# And reading every file of a mount, from the mount on.
+READ_STEPS = 2000
 # And cowboxd, from its start to the end of the calls below.
 DAEMON_STEPS = 850
 
@@ -226,6 +233,96 @@ def test_mount_changes():
         if len(runs) >= 10:
             t.check(faulted >= len(runs) // 2,
                     f'only {faulted} of {len(runs)} runs met their fault: STEPS is too high')
+
+
+def read_everything(root):
+    """Every entry's answer to what readers ask (stat, list, read,
+    readlink, xattrs), or the errno it gave, in walk order."""
+    answers = []
+
+    def ask(what, fn, *args):
+        try:
+            answers.append((what, fn(*args)))
+        except OSError as e:
+            answers.append((what, f'errno {t.errno_name(e.errno)}'))
+
+    def stat_of(path):
+        st = os.lstat(path)
+        return (st.st_mode, st.st_size, st.st_nlink, st.st_mtime_ns)
+
+    def xattrs_of(path):
+        return sorted((n, os.getxattr(path, n, follow_symlinks=False))
+                      for n in os.listxattr(path, follow_symlinks=False))
+
+    stack = ['']
+    while stack:
+        rel = stack.pop()
+        path = J(root, rel) if rel else root
+        ask(f'stat {rel}', stat_of, path)
+        ask(f'xattrs {rel}', xattrs_of, path)
+        if os.path.islink(path):
+            ask(f'readlink {rel}', os.readlink, path)
+        elif os.path.isdir(path):
+            try:
+                names = sorted(os.listdir(path))
+            except OSError as e:
+                answers.append((f'list {rel}', f'errno {t.errno_name(e.errno)}'))
+                continue
+            answers.append((f'list {rel}', names))
+            stack.extend(J(rel, n) if rel else n for n in reversed(names))
+        else:
+            ask(f'read {rel}', t.read_file, path)
+    return answers
+
+
+def test_reads():
+    """Reads of a mount with a fault at a random point (in the metadata of
+    either layer of a snapshot): every answer is the right one or an error,
+    never other data, and the reads after the fault are right again."""
+    runs = t.seeds('COWBOX_FAULT_READ_SEED', 'COWBOX_FAULT_READ_RUNS', 40)
+    with t.Store('faults-reads') as store:
+        store.create('base')
+        with store.mount('base') as m:
+            make_base(m.path)
+        store.snapshot('base', 'two')
+        with store.mount('two') as m:         # a second layer over the first
+            write_at(m.p('big'), BLOCK, data(30, 4096))
+            os.rename(m.p('victim'), m.p('dir', 'moved'))
+            os.setxattr(m.p('small'), 'user.tag', b'two')
+        with store.mount('two') as m:
+            want = read_everything(m.path)
+        t.check(not any(isinstance(a, str) and a.startswith('errno') for _, a in want),
+                f'reading without a fault failed: {want}')
+        want = dict(want)
+        errors = 0
+        for seed in runs:
+            step = random.Random(seed).randint(1, READ_STEPS)
+            m = store.mount('two', readonly=seed % 2 == 0, env={'COWBOX_FAULT_SQL_STEP': str(step)})
+            opened = m.mount(expect=None)
+            if not m.mounted:
+                t.check(opened.err.strip(), f'run {seed}: a mount failed without a message')
+                print(f'  run {seed} (step {step}): the mount failed', flush=True)
+                errors += 1
+                continue
+            try:
+                got = dict(read_everything(m.path))
+            finally:
+                m.unmount()
+            failed = False
+            for what, answer in got.items():
+                t.check(what in want, f'run {seed} (step {step}): asked {what}, which is not there without a fault')
+                if answer != want[what]:
+                    t.check(isinstance(answer, str) and answer.startswith('errno'),
+                            f'run {seed} (step {step}): {what} answered other data than without a fault')
+                    failed = True
+            if failed:
+                print(f'  run {seed} (step {step}): ' + ', '.join(w for w, a in got.items() if a != want[w]), flush=True)
+            # Only what a failed listing hid goes unasked.
+            t.check(failed or got.keys() == want.keys(), f'run {seed} (step {step}): not everything was asked')
+            errors += failed
+        print(f'{errors} of {len(runs)} runs met their fault', flush=True)
+        if len(runs) >= 10:
+            t.check(errors >= len(runs) // 4, f'only {errors} of {len(runs)} runs met their fault: READ_STEPS is too high')
 
 
 def run_command_with_fault(store, step, *args):
@@ -443,6 +540,7 @@ def test_faults():
     t.require_fuse()
     sub = t.Subtests()
     sub.run('changes of a mount', test_mount_changes)
+    sub.run('reads of a mount', test_reads)
     sub.run('store commands', test_store_commands)
     sub.run('calls of cowboxd', test_daemon_calls)
     sub.check()
