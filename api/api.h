@@ -49,6 +49,7 @@
 #define API_ERROR_NO_SUCH_WORKSPACE  "org.cowbox1.Error.NoSuchWorkspace"
 #define API_ERROR_NO_SUCH_CHECKPOINT "org.cowbox1.Error.NoSuchCheckpoint"
 #define API_ERROR_NO_SUCH_SANDBOX    "org.cowbox1.Error.NoSuchSandbox"
+#define API_ERROR_STORE_FAILED       "org.cowbox1.Error.StoreFailed"
 
 extern const sd_bus_error_map api_error_map[];
 

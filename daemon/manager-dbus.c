@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -47,6 +48,14 @@ int store_error_reply(int r, const char *name, sd_bus_error *error) {
                                          "subvolumes and let the reaper free their space.");
         case -EINVAL:
                 return sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%s' is not a valid name.", name);
+        case -EIO:
+        case -EUCLEAN:
+                /* Every change of the store is all or nothing: a failed one
+                 * left nothing behind. */
+                fprintf(stderr, "cowboxd: a call about '%s' failed: %s\n", name, strerror(-r));
+                return sd_bus_error_setf(error, API_ERROR_STORE_FAILED, "The store could not read or write what "
+                                         "'%s' needs (%s); nothing was changed. cowboxd's log says when; "
+                                         "'cowbox-store scrub' checks the store for damage.", name, strerror(-r));
         default:
                 return r;
         }

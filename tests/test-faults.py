@@ -516,6 +516,8 @@ def test_daemon_calls():
                         failed_calls += 1
                         print(f'  run {seed} (step {step}): {" ".join(argv)}: {r.err.strip()}', flush=True)
                         t.check(r.err.strip(), f'run {seed}: {" ".join(argv)} failed without a message')
+                        t.check('Input/output error' not in r.err or 'nothing was changed' in r.err,
+                                f'run {seed}: {" ".join(argv)} failed with a bare errno: {r.err.strip()}')
                         t.check(listed in (names, apply_call(names, change)),
                                 f'run {seed}: {" ".join(argv)} failed and left {listed}')
                     names = listed
