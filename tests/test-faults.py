@@ -76,6 +76,15 @@ def make_base(root):
     os.symlink('dir/a', J(root, 'link'))
 
 
+def make_bases(store, base_dir):
+    """The subvolume 'base' and the host directory base_dir, with the same
+    tree."""
+    store.create('base')
+    with store.mount('base') as m:
+        make_base(m.path)
+    make_base(base_dir)
+
+
 def write_at(path, offset, payload):
     fd = os.open(path, os.O_WRONLY)
     try:
@@ -220,10 +229,7 @@ def run_once(store, seed, base_dir):
 def test_mount_changes():
     runs = t.seeds('COWBOX_FAULT_SEED', 'COWBOX_FAULT_RUNS', 60)
     with t.Store('faults') as store, t.temporary_directory('faults-base') as base_dir:
-        store.create('base')
-        with store.mount('base') as m:
-            make_base(m.path)
-        make_base(base_dir)
+        make_bases(store, base_dir)
         with store.mount('base') as m:
             t.assert_trees_equal(m.path, base_dir, 'the base', mtime=False, dir_mtime=False)
         faulted = sum(run_once(store, seed, base_dir) for seed in runs)
@@ -352,6 +358,15 @@ def image_stream():
     return st.simple_stream(name='image', uuid=b'\x42' * 16, body=body)
 
 
+def receive_image(store):
+    """Receives image_stream() as 'image'; returns the stream's file."""
+    stream = J(store.tmp, 'image.stream')
+    with open(stream, 'wb') as f:
+        f.write(image_stream())
+    store.run('receive', '-f', stream, 'image')
+    return stream
+
+
 def check_subvolume(store, name, want, what):
     with store.mount(name, readonly=True) as m:
         t.assert_manifests_equal(t.manifest(m.path), want, what, label_a=name, label_b='expected',
@@ -384,14 +399,8 @@ def test_store_commands():
     the catalog does not know of."""
     runs = t.seeds('COWBOX_FAULT_COMMAND_SEED', 'COWBOX_FAULT_COMMAND_RUNS', 60)
     with t.Store('faults-commands') as store, t.temporary_directory('faults-commands-base') as base_dir:
-        store.create('base')
-        with store.mount('base') as m:
-            make_base(m.path)
-        make_base(base_dir)
-        stream = J(store.tmp, 'image.stream')
-        with open(stream, 'wb') as f:
-            f.write(image_stream())
-        store.run('receive', '-f', stream, 'image')
+        make_bases(store, base_dir)
+        stream = receive_image(store)
         with store.mount('image', readonly=True) as m:
             want = {'base': t.manifest(base_dir), 'empty': {}, 'image': t.manifest(m.path)}
         t.check(len(want['image']) == 4, f'the image holds {sorted(want["image"])}')
@@ -486,10 +495,7 @@ def test_daemon_calls():
     dt.require_dbus()
     runs = t.seeds('COWBOX_FAULT_DAEMON_SEED', 'COWBOX_FAULT_DAEMON_RUNS', 20)
     with t.Store('faults-daemon') as store:
-        stream = J(store.tmp, 'image.stream')
-        with open(stream, 'wb') as f:
-            f.write(image_stream())
-        store.run('receive', '-f', stream, 'image')
+        receive_image(store)
         failed_calls = 0
         for seed in runs:
             step = random.Random(seed).randint(1, DAEMON_STEPS)

@@ -18,20 +18,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "sqlite-util.h"
 
 static const char *test_name = "test-sqlite-util";
-
-#define CHECK(expr)                                                                       \
-        do {                                                                              \
-                if (!(expr)) {                                                            \
-                        fprintf(stderr, "%s: %s:%d: check failed: %s\n", test_name,       \
-                                __FILE__, __LINE__, #expr);                               \
-                        exit(EXIT_FAILURE);                                               \
-                }                                                                         \
-        } while (0)
-
-#define CHECK_OK(expr) CHECK((expr) >= 0)
 
 /* More than the steps of BEGIN IMMEDIATE or COMMIT. */
 #define MAX_STEP 64

@@ -18,31 +18,13 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "cleanup.h"
 #include "store.h"
 #include "string-util.h"
 #include "time-util.h"
 
 static const char *test_name = "";
-
-#define CHECK(expr)                                                                       \
-        do {                                                                              \
-                if (!(expr)) {                                                            \
-                        fprintf(stderr, "%s: %s:%d: check failed: %s\n", test_name,       \
-                                __FILE__, __LINE__, #expr);                               \
-                        exit(EXIT_FAILURE);                                               \
-                }                                                                         \
-        } while (0)
-
-#define CHECK_OK(expr)                                                                    \
-        do {                                                                              \
-                long long _r_ = (long long) (expr);                                       \
-                if (_r_ < 0) {                                                            \
-                        fprintf(stderr, "%s: %s:%d: %s failed: %s\n", test_name, __FILE__, \
-                                __LINE__, #expr, strerror((int) -_r_));                   \
-                        exit(EXIT_FAILURE);                                               \
-                }                                                                         \
-        } while (0)
 
 static char store_dir[] = "/tmp/cowbox-test-volume-XXXXXX";
 
