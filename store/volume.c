@@ -172,7 +172,7 @@ static int top_prepare(Volume *v) {
  * committed last; everything fails with EIO until the volume is opened
  * again. */
 static void volume_fail(Volume *v) {
-        if (v->layers[0].db)
+        if (v->n_layers > 0 && v->layers[0].db)
                 sqlite_rollback(v->layers[0].db);
         v->in_transaction = false;
         v->failed = true;
@@ -398,10 +398,11 @@ int top_change_begin(Volume *v, TopChange *ret) {
 }
 
 int top_change_end(Volume *v, const TopChange *c, int r) {
-        sqlite3 *db = v->layers[0].db;
+        sqlite3 *db;
 
         if (!c->begun)
                 return r;
+        db = v->layers[0].db;
         if (sqlite3_get_autocommit(db)) {
                 /* The whole transaction went, this change with it. The
                  * volume fails if the transaction held anything more. */
@@ -738,6 +739,9 @@ int volume_take_snapshot(Volume *v, const char *name, bool readonly) {
 
         MUTEX_LOCKED(&v->lock);
 
+        /* What the kernel was told is gone: a snapshot would not hold it. */
+        if (v->failed)
+                return -EIO;
         if (v->changed) {
                 r = volume_commit_locked(v, 0);
                 if (r < 0)
@@ -745,9 +749,9 @@ int volume_take_snapshot(Volume *v, const char *name, bool readonly) {
         }
         if (v->in_transaction) {
                 r = sqlite_commit(v->layers[0].db); /* opened, but nothing changed */
+                v->in_transaction = false;
                 if (r < 0)
                         return r;
-                v->in_transaction = false;
         }
         r = catalog_find_subvolume_by_id(v->store, v->subvolume_id, &rec);
         if (r < 0)
@@ -760,11 +764,15 @@ int volume_take_snapshot(Volume *v, const char *name, bool readonly) {
         if (r >= 0)
                 r = catalog_snapshot(v->store, &rec, name, readonly);
 
-        /* Whatever happened, serve the stack the catalog has now. */
+        /* Whatever happened, serve the stack the catalog has now; if it
+         * cannot be loaded, nothing is served. */
         {
                 int k = layers_load(v);
-                if (k < 0 && r >= 0)
-                        r = k;
+                if (k < 0) {
+                        v->failed = true;
+                        if (r >= 0)
+                                r = k;
+                }
         }
         return r;
 }

@@ -3,13 +3,15 @@
 """Every change of a mount is all or nothing. A script of operations (files
 written, truncated, hole-punched, renamed over and exchanged, linked,
 unlinked, their xattrs and modes changed, most on files of a snapshot's
-lower layer, so that each first copies its row up) runs on a mount whose
+lower layer, so that each first copies its row up; and snapshots of the
+mounted subvolume, which its server takes) runs on a mount whose
 server has one SQLite step interrupted, at a different point each run: a
 read that fails alone, or a write that makes SQLite roll back the whole
 transaction. Each operation is followed by an fsync. After the run the
 store must be consistent (fsck), and the subvolume must hold exactly the
 operations that succeeded, with the one that failed either wholly there or
-wholly absent; once the server gave up, nothing after it.
+wholly absent; once the server gave up, nothing after it. Each snapshot
+holds what the subvolume held when it was taken.
 
 Reads of a mount with a fault answer right or with an error, never with
 other data (of a lower layer, say).
@@ -47,7 +49,7 @@ J = os.path.join
 BLOCK = 64 * KiB
 # The script takes about this many steps of SQLite's programs on the top
 # layer, mount and unmount included; faults are injected up to a bit past it.
-STEPS = 17000
+STEPS = 21000
 # And each store command about this many.
 COMMAND_STEPS = {'create': 1000, 'snapshot': 400, 'snapshot-readonly': 400, 'delete': 220, 'reap': 6500,
                  'receive': 5000}
@@ -135,6 +137,9 @@ def synced(fn):
     return run
 
 
+# A snapshot of the mounted subvolume, which its server takes.
+SNAPSHOT = object()
+
 # Each is one request to the server (a change of its own: a system call
 # the kernel splits into several is not all or nothing on any file system),
 # and none depends on an earlier one having failed or not, beyond what the
@@ -152,6 +157,7 @@ SCRIPT = [
     ('hard link a lower file', lambda r: os.link(J(r, 'dir', 'a'), J(r, 'made', 'a2'))),
     ('create a clone', lambda r: create(J(r, 'cloned'))),
     ('clone a lower block', lambda r: clone_block(J(r, 'big'), J(r, 'cloned'))),
+    ('snapshot', SNAPSHOT),
     ('rename over a lower file', lambda r: os.rename(J(r, 'new'), J(r, 'victim'))),
     ('exchange across directories',
      lambda r: t.renameat2(J(r, 'dir', 'a'), J(r, 'made', 'up'), t.RENAME_EXCHANGE)),
@@ -163,6 +169,7 @@ SCRIPT = [
     ('utime', lambda r: os.utime(J(r, 'link'), ns=(1_000_000_000, 2_000_000_000), follow_symlinks=False)),
     ('unlink a lower file', lambda r: os.unlink(J(r, 'made', 'a2'))),
     ('rmdir a lower directory', lambda r: os.rmdir(J(r, 'empty'))),
+    ('another snapshot', SNAPSHOT),
     ('truncate to zero', lambda r: truncate(J(r, 'victim'), 0)),
     ('mknod a fifo', lambda r: os.mkfifo(J(r, 'fifo'))),
     ('append', lambda r: write_at(J(r, 'cloned'), 2 * BLOCK, data(14, 777))),
@@ -171,7 +178,45 @@ SCRIPT = [
 
 def replay(root, indices):
     for i in indices:
-        synced(SCRIPT[i][1])(root)
+        if SCRIPT[i][1] is not SNAPSHOT:
+            synced(SCRIPT[i][1])(root)
+
+
+def matches(store, base_dir, name, candidates, what):
+    """Whether subvolume name holds the base with one of the candidate
+    lists of operations replayed on it; fails with the differences if not."""
+    with store.mount(name, readonly=True) as m:
+        got = t.manifest(m.path)
+    differences = []
+    for k, indices in enumerate(candidates):
+        with t.temporary_directory(f'expected-{name}-{k}') as host:
+            t.copy_tree(J(base_dir, '.'), host)
+            try:
+                replay(host, indices)
+            except OSError:
+                continue
+            diffs = t.compare_manifests(got, t.manifest(host), label_a=name, label_b='expected',
+                                        mtime=False, dir_mtime=False)
+            if not diffs:
+                return
+            differences.append(f'with {indices}:\n    ' + '\n    '.join(diffs[:10]))
+    t.fail(f'{what}: {name} holds neither the operations that succeeded nor those and the one that '
+           f'failed; differences ' + '\n'.join(differences))
+
+
+def run_step(store, name, i, what, fn, path):
+    """Runs one step of the script on the mount; returns the errno it
+    failed with (EIO for a snapshot that failed), or None."""
+    if fn is SNAPSHOT:
+        r = store.run('subvolume', 'snapshot', name, f'{name}-at-{i}', expect=None)
+        t.check(r.code == 0 or (isinstance(r.code, int) and 1 <= r.code <= 125 and r.err.strip()),
+                f'{what} failed, not cleanly:\n{r.describe()}')
+        return None if r.code == 0 else errno.EIO
+    try:
+        synced(fn)(path)
+    except OSError as e:
+        return e.errno
+    return None
 
 
 def run_once(store, seed, base_dir):
@@ -184,14 +229,14 @@ def run_once(store, seed, base_dir):
     applied, failed, dead = [], None, False
     if m.mounted:
         for i, (what, fn) in enumerate(SCRIPT):
-            try:
-                synced(fn)(m.path)
-            except OSError as e:
+            e = run_step(store, name, i, what, fn, m.path)
+            if e is not None:
                 if failed is None:
                     failed = i
-                    print(f'  run {seed} (step {step}): {what}: {t.errno_name(e.errno)}', flush=True)
-                elif e.errno == errno.EIO:
-                    dead = True
+                    print(f'  run {seed} (step {step}): {what}: {t.errno_name(e)}', flush=True)
+                else:
+                    print(f'  run {seed}: then {what}: {t.errno_name(e)}', flush=True)
+                    dead = dead or e == errno.EIO
                 continue
             t.check(not dead, f'run {seed}: {what} succeeded after the server gave up')
             applied.append(i)
@@ -203,27 +248,19 @@ def run_once(store, seed, base_dir):
         failed = -1
 
     store.fsck()
+    what = f'run {seed} (fault at step {step}, operation {failed})'
     candidates = [applied]
     if failed is not None and failed >= 0:
         candidates.append(sorted(applied + [failed]))
-    with store.mount(name) as fresh:
-        got = t.manifest(fresh.path)
-    differences = []
-    for k, indices in enumerate(candidates):
-        with t.temporary_directory(f'expected-{seed}-{k}') as host:
-            t.copy_tree(J(base_dir, '.'), host)
-            try:
-                replay(host, indices)
-            except OSError:
-                continue
-            diffs = t.compare_manifests(got, t.manifest(host), label_a='subvolume', label_b='expected',
-                                        mtime=False, dir_mtime=False)
-            if not diffs:
-                store.delete(name, reap=False)
-                return failed is not None
-            differences.append(f'with {indices}:\n    ' + '\n    '.join(diffs[:10]))
-    t.fail(f'run {seed} (fault at step {step}, operation {failed}): the subvolume holds neither the '
-           f'operations that succeeded nor those and the one that failed; differences ' + '\n'.join(differences))
+    matches(store, base_dir, name, candidates, what)
+    # Each snapshot, taken or not, holds what the subvolume held then.
+    for i, (_, fn) in enumerate(SCRIPT):
+        if fn is SNAPSHOT and f'{name}-at-{i}' in store.names():
+            matches(store, base_dir, f'{name}-at-{i}', [[k for k in c if k < i] for c in candidates],
+                    f'{what}, its snapshot')
+            store.delete(f'{name}-at-{i}', reap=False)
+    store.delete(name, reap=False)
+    return failed is not None
 
 
 def test_mount_changes():
