@@ -1097,6 +1097,8 @@ void inode_to_stat(Volume *v, const InodeRow *row, struct stat *ret) {
 int dentry_get(Volume *v, uint64_t parent, const char *name, uint64_t *ret_ino, mode_t *ret_type) {
         int r;
 
+        if (v->failed)
+                return -EIO; /* its layers may be half loaded */
         for (size_t i = 0; i < v->n_layers; i++) {
                 sqlite3_stmt *st = v->layers[i].get_dentry;
 
@@ -1262,6 +1264,8 @@ int dentries_list(Volume *v, uint64_t parent, VolumeDirent **ret, size_t *ret_n,
         size_t n = 0, k = 0;
         int r;
 
+        if (v->failed)
+                return -EIO;
         r = layered_names_collect(v, parent, &names, &n);
         if (r < 0)
                 return r;
@@ -1313,6 +1317,8 @@ int extent_get(Volume *v, const InodeRow *row, uint64_t idx, Digest *ret_digest,
 
         *ret_hole = true;
         *ret_len = 0;
+        if (v->failed)
+                return -EIO;
         for (size_t i = 0; i < v->n_layers; i++) {
                 VolumeLayer *l = &v->layers[i];
 
