@@ -86,6 +86,14 @@ static int fault_step(void *userdata) {
         return 0;
 }
 
+void sqlite_fault_arm(uint64_t steps) {
+        __atomic_store_n(&fault_steps_left, steps, __ATOMIC_RELAXED);
+}
+
+uint64_t sqlite_fault_left(void) {
+        return __atomic_load_n(&fault_steps_left, __ATOMIC_RELAXED);
+}
+
 static void fault_injection_configure(void) {
         const char *e = secure_getenv("COWBOX_FAULT_SQL_STEP");
         unsigned long long n;

@@ -53,6 +53,12 @@ int sqlite_collect_ids(sqlite3_stmt *st, uint64_t **ret_ids, size_t *ret_n);
 /* BEGIN IMMEDIATE (a writer), and BEGIN (a reader until it writes). */
 int sqlite_begin(sqlite3 *db);
 int sqlite_begin_deferred(sqlite3 *db);
+
+/* Fault injection (COWBOX_FAULT_SQL_STEP, for tests): interrupts the steps-th
+ * step of SQLite's programs on connections opened from now on (0: none);
+ * and how many steps are left before it. */
+void sqlite_fault_arm(uint64_t steps);
+uint64_t sqlite_fault_left(void);
 /* A commit that fails is rolled back: an interrupted or failed COMMIT can
  * leave the transaction open, and every later statement of the connection
  * in it, never to be committed. */

@@ -579,15 +579,23 @@ void logical_size_changed(Volume *v, const InodeRow *row, uint64_t old_size, uin
 }
 
 /* Makes the blocks of [offset, offset + size) dirty and large enough,
- * reading those written in part: what can fail, before anything changes. */
-static int blocks_prepare(Volume *v, const InodeRow *row, size_t size, uint64_t offset) {
+ * reading those written in part: what can fail, before anything changes.
+ * A block written whole is not read: until the copy, it holds zeros in
+ * place of its stored data. Those made here are listed in fresh (room for
+ * one per block of the range), for the caller to forget if it fails. */
+static int blocks_prepare(Volume *v, const InodeRow *row, size_t size, uint64_t offset,
+                          uint64_t *fresh, size_t *n_fresh) {
+        *n_fresh = 0;
         for (uint64_t pos = offset; pos < offset + size;) {
+                uint64_t idx = pos / STORE_BLOCK_SIZE;
                 size_t in_block = (size_t) (pos % STORE_BLOCK_SIZE);
                 size_t n = (size_t) MIN(offset + size - pos, (uint64_t) STORE_BLOCK_SIZE - in_block);
                 DirtyBlock *b;
                 int r;
 
-                r = dirty_get(v, row, pos / STORE_BLOCK_SIZE, n < STORE_BLOCK_SIZE, &b);
+                if (n == STORE_BLOCK_SIZE && !dirty_find(v, row->ino, idx))
+                        fresh[(*n_fresh)++] = idx;
+                r = dirty_get(v, row, idx, n < STORE_BLOCK_SIZE, &b);
                 if (r >= 0)
                         r = dirty_reserve(b, in_block + n);
                 if (r < 0)
@@ -627,8 +635,10 @@ static int write_check_space(Volume *v, const InodeRow *row, uint64_t offset, ui
 
 static int data_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint64_t offset) {
         _cleanup_(inode_row_clear) InodeRow row = {};
+        _cleanup_free_ uint64_t *fresh = NULL;
         uint64_t end = offset + size;
         uint64_t old_size;
+        size_t n_fresh = 0;
         bool to_blocks;
         int r;
 
@@ -664,20 +674,27 @@ static int data_write(Volume *v, uint64_t ino, const void *buf, size_t size, uin
                         if (r < 0)
                                 return r;
                 }
-                r = blocks_prepare(v, &row, size, offset);
+                fresh = calloc((end - 1) / STORE_BLOCK_SIZE - offset / STORE_BLOCK_SIZE + 1, sizeof *fresh);
+                if (!fresh)
+                        return -ENOMEM;
+                r = blocks_prepare(v, &row, size, offset, fresh, &n_fresh);
                 if (r < 0)
-                        return r;
+                        goto fail;
         }
 
         row.size = MAX(row.size, end);
         row.mtime_ns = row.ctime_ns = timestamp_now();
         r = inode_put(v, &row);
         if (r < 0)
-                return r;
+                goto fail;
         if (to_blocks)
                 blocks_copy_in(v, ino, buf, size, offset);
         logical_size_changed(v, &row, old_size, row.size);
         return 0;
+fail:
+        for (size_t i = 0; i < n_fresh; i++)
+                data_forget_dirty_one(v, ino, fresh[i]);
+        return r;
 }
 
 ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint64_t offset) {

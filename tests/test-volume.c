@@ -20,6 +20,7 @@
 
 #include "check.h"
 #include "cleanup.h"
+#include "sqlite-util.h"
 #include "store.h"
 #include "string-util.h"
 #include "time-util.h"
@@ -650,6 +651,67 @@ static void test_flush_ahead(Store *s) {
         volume_close(v);
 }
 
+/* A write of a whole block over a stored one, with a fault at each step of
+ * opening the volume and writing, in turn: a write that fails leaves the
+ * block as it was (not zeros: the block is not read before it is
+ * overwritten), one that succeeds leaves the new data, before and after a
+ * reopen; and then the write that meets no fault. */
+static void test_write_faults(Store *s) {
+        _cleanup_free_ uint8_t *old = malloc(3 * VOLUME_BLOCK_SIZE), *block = malloc(VOLUME_BLOCK_SIZE),
+                               *now = malloc(3 * VOLUME_BLOCK_SIZE);
+        unsigned faulted = 0;
+        Volume *v;
+        uint64_t ino;
+
+        test_name = "write-faults";
+        CHECK(old && block && now);
+        fill_pattern(old, 3 * VOLUME_BLOCK_SIZE, 700);
+        fill_pattern(block, VOLUME_BLOCK_SIZE, 701);
+        memcpy(now, old, 3 * VOLUME_BLOCK_SIZE);
+        memcpy(now + VOLUME_BLOCK_SIZE, block, VOLUME_BLOCK_SIZE);
+        CHECK_OK(store_subvolume_create(s, "write-faults"));
+        v = open_volume(s, "write-faults", true);
+        ino = make_file(v, 1, "f");
+        CHECK(volume_write(v, ino, old, 3 * VOLUME_BLOCK_SIZE, 0) == 3 * VOLUME_BLOCK_SIZE);
+        CHECK_OK(volume_sync(v));
+        volume_close(v);
+
+        for (uint64_t step = 1;; step++) {
+                ssize_t n = -EIO;
+                bool met = true;
+
+                sqlite_fault_arm(step);
+                if (volume_open(s, "write-faults", true, &v, NULL) >= 0) {
+                        uint8_t got[64];
+
+                        n = volume_write(v, ino, block, VOLUME_BLOCK_SIZE, VOLUME_BLOCK_SIZE);
+                        met = sqlite_fault_left() == 0;
+                        sqlite_fault_arm(0);
+                        CHECK(n == VOLUME_BLOCK_SIZE || n < 0);
+                        /* A failed write is served as before, or the volume
+                         * failed as a whole. */
+                        if (n < 0 && volume_read(v, ino, got, sizeof got, VOLUME_BLOCK_SIZE) >= 0)
+                                CHECK(memcmp(got, old + VOLUME_BLOCK_SIZE, sizeof got) == 0);
+                        volume_close(v);
+                }
+                sqlite_fault_arm(0);
+                faulted += met;
+
+                v = open_volume(s, "write-faults", true);
+                check_content(v, ino, n < 0 ? old : now, 3 * VOLUME_BLOCK_SIZE);
+                if (n >= 0) {
+                        CHECK(volume_write(v, ino, old + VOLUME_BLOCK_SIZE, VOLUME_BLOCK_SIZE, VOLUME_BLOCK_SIZE) ==
+                              VOLUME_BLOCK_SIZE);
+                        CHECK_OK(volume_sync(v));
+                }
+                volume_close(v);
+                if (!met)
+                        break;
+                CHECK(step < 100000);
+        }
+        CHECK(faulted > 10);
+}
+
 static void print_problem(const char *what, void *userdata) {
         fprintf(stderr, "fsck: %s\n", what);
 }
@@ -676,6 +738,7 @@ int main(void) {
         test_parallel_reads(s);
         test_flush_ahead(s);
         test_attributes_keep_content(s);
+        test_write_faults(s);
 
         CHECK(store_fsck(s, false, print_problem, NULL) == 0);
         store_close(s);
