@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <linux/falloc.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -716,6 +717,183 @@ static void print_problem(const char *what, void *userdata) {
         fprintf(stderr, "fsck: %s\n", what);
 }
 
+/* Changes of a mount with a fault at each step of opening the volume and
+ * making the change, in turn, until one meets none. Each runs on a fresh
+ * writable snapshot of a frozen tree, so that it copies rows up from the
+ * layer below: a change that fails leaves everything as it was, one that
+ * succeeds is wholly there, in memory and after a reopen, and fsck finds
+ * the store consistent every time. */
+#define OPS_FILE_SIZE (3 * VOLUME_BLOCK_SIZE + 500)
+#define OPS_SMALL_SIZE 700
+/* Every seventh step: a change takes a thousand or more. */
+#define OPS_FAULT_STRIDE 7
+
+typedef struct OpsTree {
+        uint8_t file[OPS_FILE_SIZE];    /* "a" */
+        uint8_t small[OPS_SMALL_SIZE];  /* "b", with xattr user.k = "old" */
+        uint64_t a, b;
+} OpsTree;
+
+static bool ops_named(Volume *v, const char *name, uint64_t *ret) {
+        struct stat st;
+        int r = volume_lookup(v, 1, name, &st);
+
+        CHECK(r >= 0 || r == -ENOENT);
+        if (r >= 0 && ret)
+                *ret = st.st_ino;
+        return r >= 0;
+}
+
+static int op_truncate(Volume *v, const OpsTree *t) {
+        struct stat attr = { .st_size = VOLUME_BLOCK_SIZE + 100 };
+
+        return volume_setattr(v, t->a, &attr, VOLUME_SET_SIZE, NULL);
+}
+
+static void check_truncate(Volume *v, const OpsTree *t, bool done) {
+        check_content(v, t->a, t->file, done ? VOLUME_BLOCK_SIZE + 100 : OPS_FILE_SIZE);
+}
+
+static int op_punch(Volume *v, const OpsTree *t) {
+        return volume_fallocate(v, t->a, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 1000, VOLUME_BLOCK_SIZE + 3000);
+}
+
+static void check_punch(Volume *v, const OpsTree *t, bool done) {
+        uint8_t expect[OPS_FILE_SIZE];
+
+        memcpy(expect, t->file, sizeof expect);
+        if (done)
+                memset(expect + 1000, 0, VOLUME_BLOCK_SIZE + 3000);
+        check_content(v, t->a, expect, sizeof expect);
+}
+
+static int op_rename(Volume *v, const OpsTree *t) {
+        return volume_rename(v, 1, "b", 1, "a", 0);
+}
+
+static void check_rename(Volume *v, const OpsTree *t, bool done) {
+        uint64_t ino = 0;
+
+        CHECK(ops_named(v, "a", &ino));
+        CHECK(ops_named(v, "b", NULL) == !done);
+        CHECK(ino == (done ? t->b : t->a));
+        check_content(v, ino, done ? t->small : t->file, done ? OPS_SMALL_SIZE : OPS_FILE_SIZE);
+}
+
+static int op_link_unlink(Volume *v, const OpsTree *t) {
+        return volume_link(v, t->a, 1, "c", NULL) ?: volume_unlink(v, 1, "a");
+}
+
+static void check_link_unlink(Volume *v, const OpsTree *t, bool done) {
+        struct stat st;
+
+        /* Two changes: the link may be there alone. */
+        CHECK_OK(volume_getattr(v, t->a, &st));
+        CHECK(ops_named(v, "a", NULL) || ops_named(v, "c", NULL));
+        CHECK(st.st_nlink == (nlink_t) (ops_named(v, "a", NULL) + ops_named(v, "c", NULL)));
+        CHECK(!done || (!ops_named(v, "a", NULL) && ops_named(v, "c", NULL)));
+        check_content(v, t->a, t->file, OPS_FILE_SIZE);
+}
+
+static int op_setxattr(Volume *v, const OpsTree *t) {
+        return volume_setxattr(v, t->b, "user.k", "new value", 9, 0);
+}
+
+static void check_setxattr(Volume *v, const OpsTree *t, bool done) {
+        char value[16];
+
+        CHECK(volume_getxattr(v, t->b, "user.k", value, sizeof value) == (done ? 9 : 3));
+        CHECK(memcmp(value, done ? "new value" : "old", done ? 9 : 3) == 0);
+        check_content(v, t->b, t->small, OPS_SMALL_SIZE);
+}
+
+static void check_op_faults(Store *s, const OpsTree *t, const char *name, int (*op)(Volume *v, const OpsTree *t),
+                            void (*check)(Volume *v, const OpsTree *t, bool done)) {
+        unsigned faulted = 0, n_snaps = 0;
+        uint64_t open_steps, first;
+        Volume *v;
+
+        /* The steps of opening the volume are not the change's: the first
+         * faults go a few steps before its end. */
+        test_name = name;
+        CHECK_OK(store_subvolume_snapshot(s, "ops-base", "ops-measure", false));
+        sqlite_fault_arm(UINT64_MAX);
+        v = open_volume(s, "ops-measure", true);
+        open_steps = UINT64_MAX - sqlite_fault_left();
+        sqlite_fault_arm(0);
+        volume_close(v);
+        CHECK_OK(store_subvolume_delete(s, "ops-measure", NULL));
+
+        first = open_steps > 10 ? open_steps - 10 : 1;
+        for (uint64_t step = first;; step += OPS_FAULT_STRIDE) {
+                char snap[64];
+                bool met = true, done = false;
+
+                snprintf(snap, sizeof snap, "%s-%" PRIu64, name, step);
+                CHECK_OK(store_subvolume_snapshot(s, "ops-base", snap, false));
+                sqlite_fault_arm(step);
+                if (volume_open(s, snap, true, &v, NULL) >= 0) {
+                        struct stat st;
+
+                        done = op(v, t) >= 0;
+                        met = sqlite_fault_left() == 0;
+                        sqlite_fault_arm(0);
+                        /* As it is now, unless the volume failed as a whole. */
+                        if (volume_getattr(v, 1, &st) >= 0)
+                                check(v, t, done);
+                        volume_close(v);
+                }
+                sqlite_fault_arm(0);
+                faulted += met;
+
+                v = open_volume(s, snap, false);
+                check(v, t, done);
+                volume_close(v);
+                n_snaps++;
+                if (!met)
+                        break;
+                CHECK(step < 100000);
+        }
+        CHECK(faulted > 10);
+        /* Every snapshot made, then the store without them. */
+        CHECK(store_fsck(s, false, print_problem, NULL) == 0);
+        for (uint64_t step = first; n_snaps > 0; step += OPS_FAULT_STRIDE, n_snaps--) {
+                char snap[64];
+
+                snprintf(snap, sizeof snap, "%s-%" PRIu64, name, step);
+                CHECK_OK(store_subvolume_delete(s, snap, NULL));
+        }
+        CHECK_OK(store_reap(s, true, NULL, NULL));
+        CHECK(store_fsck(s, false, print_problem, NULL) == 0);
+}
+
+static void test_change_faults(Store *s) {
+        _cleanup_free_ OpsTree *t = calloc(1, sizeof *t);
+        Volume *v;
+
+        test_name = "change-faults";
+        CHECK(t);
+        fill_pattern(t->file, sizeof t->file, 800);
+        fill_pattern(t->small, sizeof t->small, 801);
+        CHECK_OK(store_subvolume_create(s, "ops-base"));
+        v = open_volume(s, "ops-base", true);
+        t->a = make_file(v, 1, "a");
+        t->b = make_file(v, 1, "b");
+        CHECK(volume_write(v, t->a, t->file, sizeof t->file, 0) == sizeof t->file);
+        CHECK(volume_write(v, t->b, t->small, sizeof t->small, 0) == sizeof t->small);
+        CHECK_OK(volume_setxattr(v, t->b, "user.k", "old", 3, 0));
+        CHECK_OK(volume_sync(v));
+        volume_close(v);
+        CHECK_OK(store_subvolume_snapshot(s, "ops-base", "ops-frozen", true)); /* freezes its layer */
+
+        check_op_faults(s, t, "truncate-faults", op_truncate, check_truncate);
+        check_op_faults(s, t, "punch-faults", op_punch, check_punch);
+        check_op_faults(s, t, "rename-faults", op_rename, check_rename);
+        check_op_faults(s, t, "link-faults", op_link_unlink, check_link_unlink);
+        check_op_faults(s, t, "setxattr-faults", op_setxattr, check_setxattr);
+}
+
+
 int main(void) {
         Store *s = NULL;
 
@@ -739,6 +917,7 @@ int main(void) {
         test_flush_ahead(s);
         test_attributes_keep_content(s);
         test_write_faults(s);
+        test_change_faults(s);
 
         CHECK(store_fsck(s, false, print_problem, NULL) == 0);
         store_close(s);
