@@ -807,6 +807,30 @@ static void check_setxattr(Volume *v, const OpsTree *t, bool done) {
         check_content(v, t->b, t->small, OPS_SMALL_SIZE);
 }
 
+static int op_create(Volume *v, const OpsTree *t) {
+        return volume_mknod(v, 1, "new", S_IFREG | 0600, 0, 0, 0, NULL);
+}
+
+static void check_create(Volume *v, const OpsTree *t, bool done) {
+        uint64_t ino = 0;
+
+        CHECK(ops_named(v, "new", &ino) == done);
+        if (done)
+                check_content(v, ino, (const uint8_t *) "", 0);
+}
+
+static int op_clone(Volume *v, const OpsTree *t) {
+        return volume_clone_range(v, t->b, 0, v, t->a, 0, VOLUME_BLOCK_SIZE);
+}
+
+static void check_clone(Volume *v, const OpsTree *t, bool done) {
+        if (done)
+                check_content(v, t->b, t->file, VOLUME_BLOCK_SIZE);
+        else
+                check_content(v, t->b, t->small, OPS_SMALL_SIZE);
+        check_content(v, t->a, t->file, OPS_FILE_SIZE);
+}
+
 static void check_op_faults(Store *s, const OpsTree *t, const char *name, int (*op)(Volume *v, const OpsTree *t),
                             void (*check)(Volume *v, const OpsTree *t, bool done)) {
         unsigned faulted = 0, n_snaps = 0;
@@ -891,6 +915,8 @@ static void test_change_faults(Store *s) {
         check_op_faults(s, t, "rename-faults", op_rename, check_rename);
         check_op_faults(s, t, "link-faults", op_link_unlink, check_link_unlink);
         check_op_faults(s, t, "setxattr-faults", op_setxattr, check_setxattr);
+        check_op_faults(s, t, "create-faults", op_create, check_create);
+        check_op_faults(s, t, "clone-faults", op_clone, check_clone);
 }
 
 
