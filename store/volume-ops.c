@@ -140,6 +140,8 @@ int volume_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsigned va
         return top_change_end(v, &change, r ?: inode_setattr(v, ino, attr, valid, ret));
 }
 
+/* The new inode's row, its name and its parent's row, in the change that
+ * inode_create() opened. */
 static int inode_make(Volume *v, uint64_t parent, const char *name, mode_t mode, dev_t rdev,
                       uid_t uid, gid_t gid, const char *data, struct stat *ret) {
         _cleanup_(inode_row_clear) InodeRow dir = {}, row = {};
