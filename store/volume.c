@@ -135,7 +135,9 @@ static int top_prepare(Volume *v) {
                   "INSERT OR REPLACE INTO dentries(parent, name, ino, type, row_check) "
                   "VALUES (?1, ?2, ?3, ?4, cowbox_check('dentry', ?1, ?2, ?3, ?4))" },
                 { offsetof(TopStatements, delete_dentry), "DELETE FROM dentries WHERE parent = ?1 AND name = ?2" },
-                { offsetof(TopStatements, delete_dentries_of), "DELETE FROM dentries WHERE parent = ?1" },
+                /* Whiteouts stay: they hide entries of the layers below, which would come
+                 * back (naming inodes dropped since) when this layer is folded into them. */
+                { offsetof(TopStatements, delete_dentries_of), "DELETE FROM dentries WHERE parent = ?1 AND ino != 0" },
                 { offsetof(TopStatements, put_extent),
                   "INSERT OR REPLACE INTO extents(ino, idx, digest, len, row_check) "
                   "VALUES (?1, ?2, ?3, ?4, cowbox_check('extent', ?1, ?2, ?3, ?4))" },
