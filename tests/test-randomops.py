@@ -20,9 +20,13 @@ the store consistent.
   COWBOX_RANDOMOPS_STACKED_SEEDS=N    how many stacked runs (default 2)
   COWBOX_RANDOMOPS_EXCLUDE=a,b        leave out kinds of operation (to narrow down
                                       a failure; the sequence changes with it)
+  COWBOX_RANDOMOPS_TRACE=FILE         on a failure, write the whole trace of the
+                                      failed seed there (else its last
+                                      TRACE_SHOWN lines are printed)
 """
 
 import collections
+import contextlib
 import errno
 import hashlib
 import os
@@ -38,6 +42,7 @@ from cowbox_test import KiB, MiB  # noqa: E402
 
 NAMES = ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'long-name-' + 'x' * 40, 'ünï']
 MAX_ENTRIES = 250
+TRACE_SHOWN = 400
 MAX_DEPTH = 4
 MAX_FILE = 2 * MiB
 KEPT_SLOTS = 4
@@ -207,6 +212,14 @@ class Generator:
         raise AssertionError(kind)
 
 
+def show_result(result):
+    if result[0] == 'err':
+        return t.errno_name(result[1])
+    if isinstance(result[1], bytes):
+        return f'{len(result[1])} bytes {hashlib.sha256(result[1]).hexdigest()[:8]}'
+    return repr(result[1])
+
+
 def describe(op):
     def short(x):
         if isinstance(x, (bytes, bytearray)):
@@ -369,42 +382,61 @@ def normalize_times(root, seed):
 
 class Run:
     """One seed's operations, applied to the host tree and the mount alike,
-    with what is needed to report and replay a difference."""
+    with what is needed to report and replay a difference: the trace of
+    every operation, its result and every event between them."""
 
     def __init__(self, seed, replay):
         self.seed = seed
         self.replay = replay
-        self.history = collections.deque(maxlen=25)
+        self.trace = []
         self.counts = collections.Counter()
         self.errors = collections.Counter()
 
     def fail(self, message):
-        ops = '\n  '.join(self.history)
+        ops = '\n  '.join(self.trace[-10:])
         t.fail(f'seed {self.seed}: {message}\nlast operations:\n  {ops}\nreplay with {self.replay}')
 
     def note(self, event):
-        self.history.append(event)
+        self.trace.append(event)
+
+    @contextlib.contextmanager
+    def tracing(self):
+        """Shows the trace when anything fails, fsck after a fold as much as
+        a difference: a bug can lie thousands of operations back."""
+        try:
+            yield
+        except BaseException:
+            self.show_trace()
+            raise
+
+    def show_trace(self):
+        path = os.environ.get('COWBOX_RANDOMOPS_TRACE')
+        if path:
+            with open(path, 'w') as f:
+                f.write('\n'.join(self.trace) + '\n')
+            print(f'seed {self.seed}: the trace of its {len(self.trace)} operations and events is in {path}',
+                  flush=True)
+            return
+        shown = self.trace[-TRACE_SHOWN:]
+        print(f'seed {self.seed}: the last {len(shown)} of {len(self.trace)} operations and events '
+              f'(COWBOX_RANDOMOPS_TRACE=FILE keeps them all):', flush=True)
+        print('  ' + '\n  '.join(shown), flush=True)
 
     def apply(self, i, op, host, mnt):
-        self.history.append(f'#{i} {describe(op)}')
         want = host.apply(op)
         got = mnt.apply(op)
+        self.trace.append(f'#{i} {describe(op)} -> {show_result(want)}')
         self.counts[op[0]] += 1
         if want[0] == 'err':
             self.errors[t.errno_name(want[1])] += 1
         if want == got:
             return
-
-        def show(o):
-            if o[0] == 'err':
-                return t.errno_name(o[1])
-            if isinstance(o[1], bytes):
-                return f'{len(o[1])} bytes {hashlib.sha256(o[1]).hexdigest()[:8]}'
-            return repr(o[1])
+        self.trace[-1] += f', mount {show_result(got)}'
         extra = ''
         if want[0] == got[0] == 'ok' and isinstance(want[1], bytes) and isinstance(got[1], bytes):
             extra = f'; first difference at {t.first_difference(want[1], got[1])}'
-        self.fail(f'operation #{i} {describe(op)}: host gave {show(want)}, mount gave {show(got)}{extra}')
+        self.fail(f'operation #{i} {describe(op)}: host gave {show_result(want)}, '
+                  f'mount gave {show_result(got)}{extra}')
 
     def compare(self, host_root, path, what, **kwargs):
         diffs = t.compare_trees(host_root, path, label_a='host', label_b=what, **kwargs)
@@ -428,26 +460,26 @@ def run_seed(store, seed, iterations, features, host_root):
     rng = random.Random(seed)
     gen = Generator(rng, features)
     run = Run(seed, f'COWBOX_SEED={seed} COWBOX_RANDOMOPS_ITERATIONS={iterations}')
-
-    with store.mount(name) as m:
-        host, mnt = Tree(host_root), Tree(m.path)
-        try:
-            for i in range(iterations):
-                run.apply(i, gen.next(HostState(host_root)), host, mnt)
-                if (i + 1) % CHECK_EVERY == 0 or i + 1 == iterations:
-                    run.compare(host_root, m.path, f'the mount after operation #{i}', mtime=False)
-        finally:
-            host.close_all()
-            mnt.close_all()
-        run.report(host_root)
-        normalize_times(host_root, seed)
-        normalize_times(m.path, seed)
-        run.compare(host_root, m.path, 'the mount (times included)')
-        m.remount()
-        run.compare(host_root, m.path, 'the mount after a remount')
-    store.snapshot(name, name + '-snap', readonly=True)
-    with store.mount(name + '-snap') as s:
-        run.compare(host_root, s.path, 'a read-only snapshot')
+    with run.tracing():
+        with store.mount(name) as m:
+            host, mnt = Tree(host_root), Tree(m.path)
+            try:
+                for i in range(iterations):
+                    run.apply(i, gen.next(HostState(host_root)), host, mnt)
+                    if (i + 1) % CHECK_EVERY == 0 or i + 1 == iterations:
+                        run.compare(host_root, m.path, f'the mount after operation #{i}', mtime=False)
+            finally:
+                host.close_all()
+                mnt.close_all()
+            run.report(host_root)
+            normalize_times(host_root, seed)
+            normalize_times(m.path, seed)
+            run.compare(host_root, m.path, 'the mount (times included)')
+            m.remount()
+            run.compare(host_root, m.path, 'the mount after a remount')
+        store.snapshot(name, name + '-snap', readonly=True)
+        with store.mount(name + '-snap') as s:
+            run.compare(host_root, s.path, 'a read-only snapshot')
 
 
 class Stack:
@@ -523,71 +555,71 @@ def run_stacked_seed(store, seed, iterations, features, tmp):
     run = Run(seed, replay)
     stack = Stack(store, run, name, tmp)
     next_event = rng.randrange(*STACK_EVERY)
-
-    with store.mount(name) as m:
-        host, mnt = Tree(host_root), Tree(m.path)
-        try:
-            for i in range(iterations):
-                run.apply(i, gen.next(HostState(host_root)), host, mnt)
-                if i + 1 < next_event:
-                    continue
-                next_event = i + 1 + rng.randrange(*STACK_EVERY)
-                event = rng.choices(['snapshot', 'delete', 'reap', 'remount', 'branch', 'crash'],
-                                    [5, 3, 2, 1, 2, 1])[0]
-                if event == 'snapshot' and len(stack.snapshots) < MAX_SNAPSHOTS:
-                    # Files held open stay open: their next writes must not
-                    # reach the snapshot.
-                    stack.snapshot(host_root, readonly=rng.random() < 0.5)
-                elif event == 'branch':
-                    stack.write_branch(gen, rng, i)
-                elif event == 'delete' and stack.snapshots:
-                    stack.delete(rng.choice(sorted(stack.snapshots)))
-                elif event == 'reap':
-                    # Frozen layers fold under the running server.
-                    stack.reap()
-                    run.compare(host_root, m.path, f'the mount after a reap at #{i}', mtime=False)
-                    stack.check_snapshots(f'after a reap at #{i}')
-                elif event == 'crash':
-                    # A directory's fsync commits everything: after a kill
-                    # the subvolume is what the host tree is, less the
-                    # files that were only held open.
-                    fd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                    run.note('fsync of the root, kill -9 of the server')
-                    host.close_all()
-                    mnt.kept = {}   # gone with the server
-                    m.kill()
-                    store.fsck()
-                    m.mount()
-                    stack.counts['crash'] += 1
-                    run.compare(host_root, m.path, f'the mount after a kill at #{i}', mtime=False)
-                elif event == 'remount':
-                    # Unmounted, the writable top folds too.
-                    host.close_all()
-                    mnt.close_all()
-                    run.note('remount, reap and fsck between')
-                    m.unmount()
-                    stack.reap()
-                    store.fsck()
-                    m.mount()
-                    stack.counts['remount'] += 1
-                    run.compare(host_root, m.path, f'the mount after a reap while unmounted at #{i}', mtime=False)
-        finally:
-            host.close_all()
-            mnt.close_all()
-        run.report(host_root)
-        print(f'  stack events: {dict(sorted(stack.counts.items()))}', flush=True)
-        run.compare(host_root, m.path, 'the mount at the end', mtime=False)
-    for snapshot in sorted(stack.snapshots)[:-1]:
-        stack.delete(snapshot)
-    stack.reap()
-    store.fsck()
-    stack.check_snapshots('at the end')
-    with store.mount(name) as m:
-        run.compare(host_root, m.path, 'the subvolume at the end, remounted', mtime=False)
+    with run.tracing():
+        with store.mount(name) as m:
+            host, mnt = Tree(host_root), Tree(m.path)
+            try:
+                for i in range(iterations):
+                    run.apply(i, gen.next(HostState(host_root)), host, mnt)
+                    if i + 1 < next_event:
+                        continue
+                    next_event = i + 1 + rng.randrange(*STACK_EVERY)
+                    event = rng.choices(['snapshot', 'delete', 'reap', 'remount', 'branch', 'crash'],
+                                        [5, 3, 2, 1, 2, 1])[0]
+                    if event == 'snapshot' and len(stack.snapshots) < MAX_SNAPSHOTS:
+                        # Files held open stay open: their next writes must not
+                        # reach the snapshot.
+                        stack.snapshot(host_root, readonly=rng.random() < 0.5)
+                    elif event == 'branch':
+                        stack.write_branch(gen, rng, i)
+                    elif event == 'delete' and stack.snapshots:
+                        stack.delete(rng.choice(sorted(stack.snapshots)))
+                    elif event == 'reap':
+                        # Frozen layers fold under the running server.
+                        stack.reap()
+                        run.compare(host_root, m.path, f'the mount after a reap at #{i}', mtime=False)
+                        stack.check_snapshots(f'after a reap at #{i}')
+                    elif event == 'crash':
+                        # A directory's fsync commits everything: after a kill
+                        # the subvolume is what the host tree is, less the
+                        # files that were only held open.
+                        fd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                        try:
+                            os.fsync(fd)
+                        finally:
+                            os.close(fd)
+                        run.note('fsync of the root, kill -9 of the server')
+                        host.close_all()
+                        mnt.kept = {}   # gone with the server
+                        m.kill()
+                        store.fsck()
+                        m.mount()
+                        stack.counts['crash'] += 1
+                        run.compare(host_root, m.path, f'the mount after a kill at #{i}', mtime=False)
+                    elif event == 'remount':
+                        # Unmounted, the writable top folds too.
+                        host.close_all()
+                        mnt.close_all()
+                        run.note('remount, reap and fsck between')
+                        m.unmount()
+                        stack.reap()
+                        store.fsck()
+                        m.mount()
+                        stack.counts['remount'] += 1
+                        run.compare(host_root, m.path, f'the mount after a reap while unmounted at #{i}', mtime=False)
+            finally:
+                host.close_all()
+                mnt.close_all()
+            run.report(host_root)
+            print(f'  stack events: {dict(sorted(stack.counts.items()))}', flush=True)
+            run.compare(host_root, m.path, 'the mount at the end', mtime=False)
+        for snapshot in sorted(stack.snapshots)[:-1]:
+            stack.delete(snapshot)
+        stack.reap()
+        store.fsck()
+        stack.check_snapshots('at the end')
+        with store.mount(name) as m:
+            run.compare(host_root, m.path, 'the subvolume at the end, remounted', mtime=False)
 
 
 def run():
