@@ -90,6 +90,12 @@ struct Packs {
         uint64_t writer_id;
         uint64_t writer_end;
         bool writer_unsynced;
+        uint64_t synced_end;    /* the writer's pack is durable up to here */
+        /* A sync of the writer's pack failed: what was appended since the
+         * last that worked may be lost, though a sync tried again would
+         * succeed (the kernel forgets a writeback error once reported). No
+         * block of it may be indexed: every commit fails from then on. */
+        int failed;
 
         /* Records not written yet: stage[0] is at pack offset stage_base (a
          * page boundary), writer_end is stage_base + stage_len, and the
@@ -136,8 +142,40 @@ static uint64_t pack_max_bytes(void) {
         return MIN(MAX((uint64_t) n, PACK_MAX_BYTES_MIN), PACK_MAX_BYTES);
 }
 
+/* Fault injection for tests (COWBOX_FAULT_PACK_IO=N): the Nth write or
+ * sync of a pack in this process fails with EIO. A sync that fails
+ * leaves zeros where it should have made records durable, what a disk that
+ * lost its write cache holds once the power went. */
+static uint64_t pack_faults_left;
+
+static void pack_fault_configure(void) {
+        const char *e = secure_getenv("COWBOX_FAULT_PACK_IO");
+        unsigned long long n;
+        char *end;
+
+        if (!e)
+                return;
+        errno = 0;
+        n = strtoull(e, &end, 10);
+        if (errno == 0 && *end == 0)
+                pack_faults_left = (uint64_t) n;
+}
+
+static bool pack_fault(void) {
+        uint64_t left = __atomic_load_n(&pack_faults_left, __ATOMIC_RELAXED);
+
+        while (left > 0)
+                if (__atomic_compare_exchange_n(&pack_faults_left, &left, left - 1, false, __ATOMIC_RELAXED,
+                                                __ATOMIC_RELAXED))
+                        return left == 1;
+        return false;
+}
+
 int packs_new(Store *s, struct Packs **ret) {
+        static pthread_once_t configured = PTHREAD_ONCE_INIT;
         struct Packs *p;
+
+        (void) pthread_once(&configured, pack_fault_configure);
 
         p = calloc(1, sizeof *p);
         if (!p)
@@ -343,6 +381,8 @@ static int writer_open_new_pack(Store *s) {
                 return -errno;
         if (flock(fd, LOCK_EX | LOCK_NB) < 0)
                 return -errno;
+        if (pack_fault())
+                return -EIO;
         if (fsync(s->packs_fd) < 0)
                 return -errno;
 
@@ -351,6 +391,7 @@ static int writer_open_new_pack(Store *s) {
         p->writer_fd = TAKE_FD(fd);
         p->writer_id = id;
         p->writer_end = 0;
+        p->synced_end = 0;
         p->stage_base = 0;
         p->stage_len = p->stage_written = 0;
         return 0;
@@ -399,7 +440,11 @@ static int pending_add(struct Packs *p, const Digest *d, const BlockLocation *lo
 }
 
 static ssize_t pwrite_direct(int fd, const void *buf, size_t len, uint64_t offset) {
-        ssize_t k = pwrite(fd, buf, len, (off_t) offset);
+        ssize_t k;
+
+        if (pack_fault())
+                return -EIO;
+        k = pwrite(fd, buf, len, (off_t) offset);
 
         if (k < 0 && errno == EINVAL && (fcntl(fd, F_GETFL) & O_DIRECT)) {
                 /* A device whose blocks are larger than our pages. */
@@ -438,18 +483,49 @@ static int stage_write(struct Packs *p, bool partial) {
         return 0;
 }
 
+/* An injected failure of the writer's sync: the records it should have
+ * made durable are zeros on the disk, through another descriptor (the
+ * writer's own takes whole pages only). */
+static int writer_datasync_fault(Store *s, struct Packs *p) {
+        static const uint8_t zeros[PACK_PAGE];
+        _cleanup_close_ int fd = -EBADF;
+        uint64_t end = p->stage_base + p->stage_len;
+        char name[32];
+
+        pack_file_name(p->writer_id, name);
+        fd = openat(s->packs_fd, name, O_WRONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -EIO;
+        for (uint64_t at = p->synced_end; at < end; at += MIN((uint64_t) PACK_PAGE, end - at))
+                (void) pwrite(fd, zeros, (size_t) MIN((uint64_t) PACK_PAGE, end - at), (off_t) at);
+        (void) fdatasync(fd);
+        return -EIO;
+}
+
+static int writer_datasync(Store *s, struct Packs *p) {
+        if (pack_fault())
+                return writer_datasync_fault(s, p);
+        return fdatasync(p->writer_fd) < 0 ? -errno : 0;
+}
+
 /* Makes everything appended to the writer's pack durable. */
-static int writer_sync(struct Packs *p) {
+static int writer_sync(Store *s, struct Packs *p) {
         int r;
 
+        if (p->failed < 0)
+                return p->failed;
         if (p->writer_fd < 0)
                 return 0;
         r = stage_write(p, true);
         if (r < 0)
                 return r;
-        if (p->writer_unsynced && fdatasync(p->writer_fd) < 0)
-                return -errno;
+        if (p->writer_unsynced) {
+                r = writer_datasync(s, p);
+                if (r < 0)
+                        return (p->failed = r);
+        }
         p->writer_unsynced = false;
+        p->synced_end = p->writer_end;
         return 0;
 }
 
@@ -462,12 +538,14 @@ static int record_append(Store *s, const uint8_t *record, size_t n, const Digest
         BlockLocation loc;
         int r;
 
+        if (p->failed < 0)
+                return p->failed;
         if (pb) {
                 *ret = pb->loc;
                 return 0;
         }
         if (p->writer_fd < 0 || p->writer_end >= p->pack_max_bytes) {
-                r = writer_sync(p);
+                r = writer_sync(s, p);
                 if (r < 0)
                         return r;
                 r = writer_open_new_pack(s);
@@ -605,7 +683,7 @@ int block_commit(Store *s) {
         int r;
 
         MUTEX_LOCKED(&p->lock);
-        r = writer_sync(p);
+        r = writer_sync(s, p);
         if (r < 0)
                 return r;
         if (p->n_pending == 0) {
@@ -642,6 +720,13 @@ int block_commit(Store *s) {
 fail:
         sqlite_rollback(s->catalog);
         return r;
+}
+
+bool block_writer_failed(Store *s) {
+        struct Packs *p = s->packs;
+
+        MUTEX_LOCKED(&p->lock);
+        return p->failed < 0;
 }
 
 void block_count_corruption(Store *s) {

@@ -313,8 +313,11 @@ void block_put_many(Store *s, BlockPut *puts, size_t n);
 int block_read(Store *s, const Digest *d, void *buf);
 int block_read_at(Store *s, const Digest *d, const BlockLocation *loc, void *buf);
 
-/* Makes appended blocks durable and indexes them. */
+/* Makes appended blocks durable and indexes them. Once a sync of this
+ * process's pack failed, fails for good: the blocks appended since may be
+ * lost, and changes that reference them must go (block_writer_failed()). */
 int block_commit(Store *s);
+bool block_writer_failed(Store *s);
 
 /* Counts a corruption event in the catalog, where usage reports it. */
 void block_count_corruption(Store *s);

@@ -455,11 +455,15 @@ int volume_commit_locked(Volume *v, uint64_t must_ino) {
          * of dirty blocks, a clone) and held until here: a commit without
          * new references does not wait for a reaper's mark and sweep. */
         r = data_flush_all(v, must_ino, &failed);
-        if (r < 0)
+        if (r >= 0)
+                r = block_commit(v->store);
+        if (r < 0) {
+                /* Blocks the open transaction references may be lost: it
+                 * must never commit. */
+                if (block_writer_failed(v->store))
+                        volume_fail(v);
                 return r;
-        r = block_commit(v->store);
-        if (r < 0)
-                return r;
+        }
         r = volume_ensure_top(v);
         if (r < 0)
                 return r;

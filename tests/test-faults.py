@@ -22,6 +22,11 @@ catalog does not know. And cowboxd with a fault from its start on: a call that f
 an error and a message, the calls after it work, and what a call did is
 committed.
 
+Writes to the pack files fail too, and syncs of them, which then leave
+zeros where the records should be (as a disk that lost its cache): a file
+whose fsync returned, even when tried again after one that failed, reads
+back intact after a remount, and scrub finds nothing damaged.
+
   COWBOX_FAULT_RUNS=N             runs, each with its own point of failure (default 60)
   COWBOX_FAULT_SEED=N             replay one run
   COWBOX_FAULT_READ_RUNS=N        runs of reads (default 40)
@@ -30,6 +35,8 @@ committed.
   COWBOX_FAULT_COMMAND_SEED=N     replay one of them
   COWBOX_FAULT_DAEMON_RUNS=N      runs of cowboxd (default 20)
   COWBOX_FAULT_DAEMON_SEED=N      replay one of them
+  COWBOX_FAULT_PACK_RUNS=N        runs of pack writes (default 40)
+  COWBOX_FAULT_PACK_SEED=N        replay one of them
 """
 
 import errno
@@ -57,6 +64,8 @@ COMMAND_STEPS = {'create': 1000, 'snapshot': 400, 'snapshot-readonly': 400, 'del
 READ_STEPS = 2000
 # And cowboxd, from its start to the end of the calls below.
 DAEMON_STEPS = 850
+# And the writes and syncs of packs by PACK_SCRIPT's mount.
+PACK_IO_STEPS = 120
 
 
 def data(seed, size):
@@ -580,6 +589,97 @@ def test_daemon_calls():
             t.check(failed_calls > 0, f'no call of {len(runs)} runs met its fault: DAEMON_STEPS is too high')
 
 
+def pack_versions(seed):
+    """The versions each file of the pack script is written with, in order:
+    (file, data), incompressible and unique, so that every version is new
+    blocks; small packs make new pack files on the way."""
+    rng = random.Random(seed)
+    versions = []
+    for k in range(40):
+        name = f'f{rng.randrange(12)}'
+        size = rng.choice([700, 5000, 40 * KiB, BLOCK + 3000, 3 * BLOCK])
+        versions.append((name, t.random_bytes(size, seed * 1000 + k)))
+    return versions
+
+
+def write_synced(path, payload):
+    """Writes a version and fsyncs it; an fsync that fails is tried once
+    more, as programs do: whether that one returns is what counts.
+    Returns the first error and the last, or None for each."""
+    try:
+        t.write_file(path, payload)
+    except OSError as e:
+        return e.errno, e.errno
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        try:
+            os.fsync(fd)
+            return None, None
+        except OSError as e:
+            first = e.errno
+        try:
+            os.fsync(fd)
+            return first, None
+        except OSError as e:
+            return first, e.errno
+    finally:
+        os.close(fd)
+
+
+def run_pack_faults(store, seed):
+    rng = random.Random(seed)
+    step = rng.randint(1, PACK_IO_STEPS)
+    name = f'packs-{seed}'
+    store.create(name)
+    env = {'COWBOX_FAULT_PACK_IO': str(step), 'COWBOX_PACK_MAX_BYTES': str(256 * KiB)}
+    versions = pack_versions(seed)
+    history = {}          # file -> versions written, in order
+    acknowledged = {}     # file -> index in history of the last version whose fsync returned
+    failures = []
+    with store.mount(name, env=env) as m:
+        for k, (f, payload) in enumerate(versions):
+            history.setdefault(f, []).append(payload)
+            first, last = write_synced(J(m.path, f), payload)
+            if last is None:
+                acknowledged[f] = len(history[f]) - 1
+            if first is not None:
+                failures.append(f'version {k} of {f}: {t.errno_name(first)}'
+                                f'{", then " + t.errno_name(last) if last else ", then done"}')
+    what = f'run {seed} (pack I/O fault {step})'
+    print(f'  {what}: {len(failures)} writes failed{": " + failures[0] if failures else ""}', flush=True)
+    store.fsck()
+    r = store.run('scrub', expect=None)
+    t.check(r.code == 0, f'{what}: scrub found damage:\n{r.describe()}')
+    with store.mount(name, readonly=True) as m:
+        for f, written in sorted(history.items()):
+            path = J(m.path, f)
+            try:
+                got = t.read_file(path)
+            except FileNotFoundError:
+                t.check(f not in acknowledged, f'{what}: {f}, acknowledged, is gone')
+                continue
+            except OSError as e:
+                t.fail(f'{what}: {f} cannot be read: {t.errno_name(e.errno)}')
+            # What was acknowledged last, or a version written after it.
+            allowed = written[acknowledged.get(f, 0):]
+            t.check(got in allowed, f'{what}: {f} holds {len(got)} bytes, none of the versions it may hold '
+                    f'(acknowledged: version {acknowledged.get(f)} of {len(written)})')
+    store.delete(name, reap=False)
+    return bool(failures)
+
+
+def test_pack_io():
+    runs = t.seeds('COWBOX_FAULT_PACK_SEED', 'COWBOX_FAULT_PACK_RUNS', 40)
+    with t.Store('faults-packs') as store:
+        faulted = sum(run_pack_faults(store, seed) for seed in runs)
+        store.reap()
+        store.fsck()
+        print(f'{faulted} of {len(runs)} runs failed a write', flush=True)
+        if len(runs) >= 10:
+            t.check(faulted >= len(runs) // 2,
+                    f'only {faulted} of {len(runs)} runs met their fault: PACK_IO_STEPS is too high')
+
+
 def test_faults():
     t.require_root('FUSE mounts')
     t.require_fuse()
@@ -588,6 +688,7 @@ def test_faults():
     sub.run('reads of a mount', test_reads)
     sub.run('store commands', test_store_commands)
     sub.run('calls of cowboxd', test_daemon_calls)
+    sub.run('pack writes of a mount', test_pack_io)
     sub.check()
 
 
