@@ -701,7 +701,8 @@ const Command command_mount = {
                 "MOUNTPOINT must be an existing directory.\n",
         .options = (const CommandOption[]) {
                 { ARG_BACKGROUND, "background", NULL, "return once the mount is ready, and serve it\n"
-                  "from a background process" },
+                  "from a background process, which logs to the file 'log'\n"
+                  "of the store" },
                 { ARG_READ_ONLY, "read-only", NULL, "mount a writable subvolume read-only" },
                 { ARG_DEBUG, "debug", NULL, "print libfuse's debug output on standard error" },
                 {}

@@ -521,8 +521,12 @@ static int writer_sync(Store *s, struct Packs *p) {
                 return r;
         if (p->writer_unsynced) {
                 r = writer_datasync(s, p);
-                if (r < 0)
+                if (r < 0) {
+                        store_log("a sync of pack %" PRIu64 " failed: %s. No block written to it since its last "
+                                  "sync is used, and nothing this process writes is committed any more.",
+                                  p->writer_id, strerror(-r));
                         return (p->failed = r);
+                }
         }
         p->writer_unsynced = false;
         p->synced_end = p->writer_end;
@@ -946,12 +950,12 @@ static int record_read(Store *s, const Digest *d, const BlockLocation *loc, void
                                   d, buf, ret_reason);
 }
 
-int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, void *buf, const char **ret_reason) {
+static int block_read_verified(Store *s, const Digest *d, const BlockLocation *loc, void *buf, bool cached,
+                               const char **ret_reason) {
         ReadScratch *rs;
         int r;
 
-        /* A scrub reads what is on disk, never the cache. */
-        if (!ret_reason && cache_get(s->packs, d, buf, &r))
+        if (cached && cache_get(s->packs, d, buf, &r))
                 return r;
         rs = read_scratch();
         if (!rs)
@@ -962,10 +966,42 @@ int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, vo
         return r;
 }
 
+int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, void *buf, const char **ret_reason) {
+        /* A scrub reads what is on disk, never the cache. */
+        return block_read_verified(s, d, loc, buf, !ret_reason, ret_reason);
+}
+
+/* Each process names the first damaged blocks it meets: enough to tell
+ * where to look (scrub names them all), not a line per read of a damaged
+ * file. */
+#define DAMAGE_LOGGED_MAX 10
+
+static void damage_log(const Digest *d, const BlockLocation *loc, const char *reason) {
+        static unsigned logged;
+        unsigned n = __atomic_fetch_add(&logged, 1, __ATOMIC_RELAXED);
+        char hex[33];
+
+        if (n >= DAMAGE_LOGGED_MAX)
+                return;
+        digest_to_hex(d, hex);
+        if (loc)
+                store_log("block %s (pack %" PRIu64 ", offset %" PRIu64 ") is damaged: %s. Reads of it fail "
+                          "with EIO%s", hex, loc->pack, loc->offset, reason ?: "unreadable",
+                          n + 1 == DAMAGE_LOGGED_MAX ? "; more damaged blocks are counted, not logged." : ".");
+        else
+                store_log("block %s is referenced but not in the index. Reads of it fail with EIO%s", hex,
+                          n + 1 == DAMAGE_LOGGED_MAX ? "; more damaged blocks are counted, not logged." : ".");
+}
+
 int block_read_at(Store *s, const Digest *d, const BlockLocation *loc, void *buf) {
-        int r = block_read_at_reason(s, d, loc, buf, NULL);
-        if (r == -EIO)
+        const char *reason = NULL;
+        int r;
+
+        r = block_read_verified(s, d, loc, buf, true, &reason);
+        if (r == -EIO) {
                 block_count_corruption(s);
+                damage_log(d, loc, reason);
+        }
         return r;
 }
 
@@ -977,6 +1013,7 @@ int block_read(Store *s, const Digest *d, void *buf) {
         if (r == -ENOENT) {
                 /* A layer references a block the index does not know. */
                 block_count_corruption(s);
+                damage_log(d, NULL, NULL);
                 return -EIO;
         }
         if (r < 0)

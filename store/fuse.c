@@ -1088,8 +1088,9 @@ static int loop_write(int fd, const void *buf, size_t size) {
 }
 
 /* Leaves the caller's session, working directory and terminal, as
- * fuse_daemonize() does. */
-static void detach(void) {
+ * fuse_daemonize() does; what the server has to say from then on goes to
+ * the store's log. */
+static void detach(Store *s) {
         int fd;
 
         (void) setsid();
@@ -1101,7 +1102,8 @@ static void detach(void) {
                 return;
         (void) dup2(fd, STDIN_FILENO);
         (void) dup2(fd, STDOUT_FILENO);
-        (void) dup2(fd, STDERR_FILENO);
+        if (store_log_to_file(s) < 0)
+                (void) dup2(fd, STDERR_FILENO);
         if (fd > STDERR_FILENO)
                 safe_close(fd);
 }
@@ -1110,9 +1112,9 @@ static void detach(void) {
  * whoever waits for it, so that the server is on its own by the time the
  * caller goes on. Write errors are ignored (the reader may be gone; SIGPIPE
  * is ignored by now). */
-static void mount_ready(const StoreMountOptions *opts) {
+static void mount_ready(Store *s, const StoreMountOptions *opts) {
         if (opts->detach)
-                detach();
+                detach(s);
         if (opts->ready_fd >= 0) {
                 (void) loop_write(opts->ready_fd, "1\n", 2);
                 safe_close(opts->ready_fd);
@@ -1184,7 +1186,7 @@ static int serve(Store *s, const char *name, const char *mountpoint, const Store
         raise_read_ahead(mountpoint);
         if (srv.writable)
                 volume_set_write_back(srv.volume, server_write_back, &srv);
-        mount_ready(opts);
+        mount_ready(s, opts);
         r = session_serve(se, opts->max_threads > 0 ? opts->max_threads : default_threads());
         volume_set_write_back(srv.volume, NULL, NULL);
 

@@ -684,6 +684,7 @@ int store_reap_in_background(Store *s) {
         if (pid == 0) {
                 _cleanup_free_ char *path = strdup(s->path);
                 Store *t = NULL;
+                int r;
 
                 /* Here, while the caller waits for us: see store.h. */
                 store_close_inherited();
@@ -700,9 +701,13 @@ int store_reap_in_background(Store *s) {
                 reaper_yield();
                 if (store_open(path, &t) < 0)
                         _exit(EXIT_FAILURE);
-                (void) store_reap(t, true, NULL, NULL);
+                (void) store_log_to_file(t);
+                r = store_reap(t, true, NULL, NULL);
+                if (r < 0)
+                        store_log("reaping in the background failed: %s; the next reap takes it up",
+                                  strerror(-r));
                 store_close(t);
-                _exit(EXIT_SUCCESS);
+                _exit(r < 0 ? EXIT_FAILURE : EXIT_SUCCESS);
         }
         while (waitpid(pid, &status, 0) < 0)
                 if (errno != EINTR)

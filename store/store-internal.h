@@ -15,6 +15,7 @@
  *   packs/N.pack      append-only files of block records (pack.h format)
  *   locks/            one lock file per subvolume (held by its server),
  *                     reaper.lock, gc.lock and gc-intent.lock
+ *   log, log.old      what servers and reapers on their own had to say
  */
 
 #include <inttypes.h>
@@ -47,6 +48,8 @@ typedef struct Digest {
 } Digest;
 
 void digest_to_hex(const Digest *d, char ret[static 33]);
+
+#define STORE_LOG_FILE "log"
 
 /* The checksum of an inline content or symlink target as stored. */
 uint64_t inline_check(const void *stored, size_t len);

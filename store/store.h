@@ -192,8 +192,15 @@ int store_reaper_settings(Store *s, StoreReaperSettings *ret);
 int store_reaper_set_paused(Store *s, bool paused);
 int store_reaper_set_rate(Store *s, uint64_t bytes_per_sec);
 
-/* Starts a detached reaper process for this store and returns at once. */
+/* Starts a detached reaper process for this store and returns at once;
+ * what it has to say goes to the store's log. */
 int store_reap_in_background(Store *s);
+
+/* A line of what went wrong where no caller hears of it, to standard error
+ * (program[pid]: message); after store_log_to_file(), which a process that
+ * left its caller calls, to the file "log" of the store, with the time. */
+void store_log(const char *format, ...) __attribute__((format(printf, 1, 2)));
+int store_log_to_file(Store *s);
 
 /* Verifies every live block against its checksum. The callback is called
  * once per damaged block with the subvolumes and paths that use it. */

@@ -173,10 +173,13 @@ static int top_prepare(Volume *v) {
  * it, or cannot be taken back. As after a crash, the layer holds what was
  * committed last; everything fails with EIO until the volume is opened
  * again. */
-static void volume_fail(Volume *v) {
+static void volume_fail(Volume *v, const char *why) {
         if (v->n_layers > 0 && v->layers[0].db)
                 sqlite_rollback(v->layers[0].db);
         v->in_transaction = false;
+        if (!v->failed)
+                store_log("subvolume '%s' failed: %s. It answers EIO until it is opened again, and holds what "
+                          "was committed last.", v->name, why);
         v->failed = true;
 }
 
@@ -240,7 +243,7 @@ static int top_transaction_check(Volume *v) {
         v->in_transaction = false;
         if (sqlite3_total_changes64(db) == v->changes_at_begin)
                 return 0;
-        volume_fail(v);
+        volume_fail(v, "SQLite rolled back the changes not yet committed (after an I/O error or on a full disk)");
         return -EIO;
 }
 
@@ -420,10 +423,10 @@ int top_change_end(Volume *v, const TopChange *c, int r) {
         }
         if (!sqlite3_get_autocommit(db) &&
             (sqlite_step_done(v->top.rollback_to_savepoint) < 0 || sqlite_step_done(v->top.release_savepoint) < 0))
-                volume_fail(v);
+                volume_fail(v, "a change that failed could not be undone");
         /* Blocks in memory are not rolled back with the layer. */
         if (v->memory_changes != c->memory_changes)
-                volume_fail(v);
+                volume_fail(v, "a change that failed had changed data in memory");
         v->counters = c->counters;
         v->orphan_bytes = c->orphan_bytes;
         v->changed = c->changed;
@@ -461,7 +464,8 @@ int volume_commit_locked(Volume *v, uint64_t must_ino) {
                 /* Blocks the open transaction references may be lost: it
                  * must never commit. */
                 if (block_writer_failed(v->store))
-                        volume_fail(v);
+                        volume_fail(v, "a sync of the pack its data went to failed, and data not yet committed "
+                                       "may be lost");
                 return r;
         }
         r = volume_ensure_top(v);
@@ -475,7 +479,7 @@ int volume_commit_locked(Volume *v, uint64_t must_ino) {
         r = sqlite_exec(v->layers[0].db, "COMMIT");
         if (r < 0) {
                 if (sqlite3_get_autocommit(v->layers[0].db))
-                        volume_fail(v);
+                        volume_fail(v, "its commit failed, and SQLite rolled back the changes");
                 return r;
         }
         v->in_transaction = false;
@@ -775,7 +779,7 @@ int volume_take_snapshot(Volume *v, const char *name, bool readonly) {
         {
                 int k = layers_load(v);
                 if (k < 0) {
-                        v->failed = true;
+                        volume_fail(v, "its layers could not be loaded again after a snapshot");
                         if (r >= 0)
                                 r = k;
                 }

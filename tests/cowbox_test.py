@@ -841,6 +841,16 @@ class Store:
     def usage(self):
         return json_usage(self.json('usage'))
 
+    def log(self):
+        """What servers and reapers on their own logged, oldest first."""
+        text = ''
+        for name in ('log.old', 'log'):
+            try:
+                text += read_file(os.path.join(self.path, name)).decode(errors='replace')
+            except FileNotFoundError:
+                pass
+        return text
+
     def fsck(self, repair=False, expect=0):
         return self.run('fsck', *(['--repair'] if repair else []), expect=expect)
 

@@ -4,8 +4,8 @@
 compressed block, a flipped byte in a record's header, a pack truncated
 through a record, and a damaged block that two files share. Reads of the
 damaged blocks give EIO and never other bytes, the undamaged parts and files
-read correctly, and scrub names exactly the damaged files, in each
-subvolume that uses them."""
+read correctly, the mounts' servers log each damaged block they met, and
+scrub names exactly the damaged files, in each subvolume that uses them."""
 
 import errno
 import os
@@ -125,6 +125,8 @@ def run():
         where = {name: block_locations(store, layers, name) for name in files if not name.startswith('small-')}
         t.check_equal(where['shared-one.bin'], where['shared-two.bin'], 'blocks of two identical files')
 
+        damaged = [where['zeroed-compressible.txt'][2], where['header-flipped.bin'][0],
+                   where['truncated-last.bin'][-1], where['shared-one.bin'][1]]
         # A range of zeros inside the payload of the third block.
         pack, offset, stored = where['zeroed-compressible.txt'][2]
         t.check(stored < BLOCK // 2, f'the compressible file was stored in {stored} byte blocks, not compressed')
@@ -160,6 +162,10 @@ def run():
                 for name, content in sorted(files.items()):
                     bad = read_or_fail(m.p(name), content)
                     t.check_equal(bad, expected_bad.get(name, []), f'{subvolume}/{name}: blocks that give EIO')
+        log = store.log()
+        for pack, offset, _ in damaged:
+            t.check(f'(pack {pack}, offset {offset}) is damaged' in log,
+                    f'the log names no damage of the block in pack {pack} at {offset}:\n{log}')
 
         r = store.run('scrub', expect=1)
         report = r.output

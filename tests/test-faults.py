@@ -250,6 +250,9 @@ def run_once(store, seed, base_dir):
             t.check(not dead, f'run {seed}: {what} succeeded after the server gave up')
             applied.append(i)
         m.unmount()
+        if dead:
+            t.check(f"subvolume '{name}' failed: " in store.log(),
+                    f'run {seed}: the server gave up and logged nothing:\n{store.log()}')
     else:
         t.check(isinstance(opened.code, int) and 1 <= opened.code <= 125 and opened.err.strip(),
                 f'run {seed}: a failed mount must fail cleanly:\n{opened.describe()}')
@@ -647,6 +650,11 @@ def run_pack_faults(store, seed):
                                 f'{", then " + t.errno_name(last) if last else ", then done"}')
     what = f'run {seed} (pack I/O fault {step})'
     print(f'  {what}: {len(failures)} writes failed{": " + failures[0] if failures else ""}', flush=True)
+    if any(not f.endswith('then done') for f in failures):
+        # Only a failed sync fails a write for good: the server says so.
+        log = store.log()
+        t.check(f"subvolume '{name}' failed: a sync of the pack" in log and 'a sync of pack' in log,
+                f'{what}: the log does not say why the mount failed:\n{log}')
     store.fsck()
     r = store.run('scrub', expect=None)
     t.check(r.code == 0, f'{what}: scrub found damage:\n{r.describe()}')

@@ -888,13 +888,16 @@ def test_background_server(m):
     it leaves behind is on its own: a session of its own (a terminal's
     hang-up or a job control signal to the caller's group does not reach
     it), in "/" (the caller's directory stays unmountable), its standard
-    streams on /dev/null (a closed terminal or pipe cannot stop it)."""
+    input and output on /dev/null and its standard error on the store's log
+    (a closed terminal or pipe cannot stop it)."""
     pid = m.pid
     t.check(pid != os.getpid(), 'the server is the test itself')
     t.check_equal(os.getsid(pid), pid, f'session of the server {pid}')
     t.check_equal(os.readlink(f'/proc/{pid}/cwd'), '/', f'working directory of the server {pid}')
-    for fd in (0, 1, 2):
+    for fd in (0, 1):
         t.check_equal(os.readlink(f'/proc/{pid}/fd/{fd}'), '/dev/null', f'descriptor {fd} of the server {pid}')
+    t.check_equal(os.readlink(f'/proc/{pid}/fd/2'), os.path.join(m.store.path, 'log'),
+                  f'descriptor 2 of the server {pid}')
 
 
 def run():
