@@ -26,19 +26,28 @@
 
 static bool log_timestamps;
 
+static int log_open(Store *s) {
+        int fd = openat(s->dir_fd, STORE_LOG_FILE, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW,
+                        0640);
+        return fd < 0 ? -errno : fd;
+}
+
 int store_log_to_file(Store *s) {
         _cleanup_close_ int fd = -EBADF;
-        struct stat st;
+        struct stat st, named;
 
-        fd = openat(s->dir_fd, STORE_LOG_FILE, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+        fd = log_open(s);
         if (fd < 0)
-                return -errno;
+                return fd;
+        /* Moved aside only while it is still the file called log: another
+         * process may have just done so. */
         if (fstat(fd, &st) == 0 && st.st_size > LOG_MAX_BYTES &&
+            fstatat(s->dir_fd, STORE_LOG_FILE, &named, AT_SYMLINK_NOFOLLOW) == 0 && named.st_ino == st.st_ino &&
             renameat(s->dir_fd, STORE_LOG_FILE, s->dir_fd, STORE_LOG_FILE ".old") == 0) {
                 safe_close(fd);
-                fd = openat(s->dir_fd, STORE_LOG_FILE, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+                fd = log_open(s);
                 if (fd < 0)
-                        return -errno;
+                        return fd;
         }
         if (dup2(fd, STDERR_FILENO) < 0)
                 return -errno;

@@ -900,6 +900,21 @@ def test_background_server(m):
                   f'descriptor 2 of the server {pid}')
 
 
+def test_log_moved_aside(m):
+    """A background server appends to the store's log, and past 1 MiB moves
+    it to log.old first: the log never grows without bound."""
+    log = os.path.join(m.store.path, 'log')
+    old = t.pattern_bytes(1024 * 1024 + 1, 9)
+    t.write_file(log, old)
+    m.remount()
+    t.check_equal(t.read_file(log + '.old'), old, 'log.old after a server started with a full log')
+    t.check(os.path.getsize(log) < len(old), f'the log is {os.path.getsize(log)} bytes, not new')
+    t.check_equal(os.readlink(f'/proc/{m.pid}/fd/2'), log, f'descriptor 2 of the server {m.pid}')
+    # Not moved again while it is small.
+    m.remount()
+    t.check_equal(t.read_file(log + '.old'), old, 'log.old after a server started with a small log')
+
+
 def run():
     t.require_fuse()
     os.umask(0o022)
@@ -942,6 +957,7 @@ def run():
                     lambda: t.assert_manifests_equal(before, t.manifest(m.path), 'before and after a remount',
                                                      label_a='before', label_b='after'))
             sub.run('the background server', test_background_server, m)
+            sub.run("the store's log moved aside", test_log_moved_aside, m)
             sub.run('a signal stops the server', test_stop_on_signal, m)
         sub.check()
 
