@@ -31,6 +31,7 @@
 #include <zstd.h>
 
 #include "alloc-util.h"
+#include "env-util.h"
 #include "fd-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
@@ -129,17 +130,11 @@ static size_t record_max(void) {
 }
 
 static uint64_t pack_max_bytes(void) {
-        const char *e = secure_getenv("COWBOX_PACK_MAX_BYTES");
-        unsigned long long n;
-        char *end;
+        uint64_t n;
 
-        if (!e)
+        if (secure_getenv_uint64("COWBOX_PACK_MAX_BYTES", &n) < 0 || n == 0)
                 return PACK_MAX_BYTES;
-        errno = 0;
-        n = strtoull(e, &end, 10);
-        if (errno != 0 || *end != 0 || n == 0)
-                return PACK_MAX_BYTES;
-        return MIN(MAX((uint64_t) n, PACK_MAX_BYTES_MIN), PACK_MAX_BYTES);
+        return MIN(MAX(n, PACK_MAX_BYTES_MIN), PACK_MAX_BYTES);
 }
 
 /* Fault injection for tests (COWBOX_FAULT_PACK_IO=N): the Nth write or
@@ -149,16 +144,7 @@ static uint64_t pack_max_bytes(void) {
 static uint64_t pack_faults_left;
 
 static void pack_fault_configure(void) {
-        const char *e = secure_getenv("COWBOX_FAULT_PACK_IO");
-        unsigned long long n;
-        char *end;
-
-        if (!e)
-                return;
-        errno = 0;
-        n = strtoull(e, &end, 10);
-        if (errno == 0 && *end == 0)
-                pack_faults_left = (uint64_t) n;
+        (void) secure_getenv_uint64("COWBOX_FAULT_PACK_IO", &pack_faults_left);
 }
 
 static bool pack_fault(void) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "alloc-util.h"
+#include "env-util.h"
 #include "sqlite-util.h"
 
 int sqlite_errno(int rc) {
@@ -95,16 +96,7 @@ uint64_t sqlite_fault_left(void) {
 }
 
 static void fault_injection_configure(void) {
-        const char *e = secure_getenv("COWBOX_FAULT_SQL_STEP");
-        unsigned long long n;
-        char *end;
-
-        if (!e)
-                return;
-        errno = 0;
-        n = strtoull(e, &end, 10);
-        if (errno == 0 && *end == 0)
-                fault_steps_left = (uint64_t) n;
+        (void) secure_getenv_uint64("COWBOX_FAULT_SQL_STEP", &fault_steps_left);
 }
 
 static void sqlite_configure(void) {
