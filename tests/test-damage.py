@@ -9,6 +9,7 @@ scrub names exactly the damaged files, in each subvolume that uses them."""
 
 import errno
 import os
+import re
 import sqlite3
 import sys
 
@@ -177,6 +178,15 @@ def run():
                 t.check_equal(mentions, 2, f'times scrub names the damaged {name}')
             else:
                 t.check_equal(mentions, 0, f'times scrub names the intact {name}')
+        # And says what is wrong with each: the stored bytes changed (also
+        # where reads catch it only by the content's digest), a header, or a
+        # record cut short.
+        for name, problem in (('zeroed-compressible.txt', 'data checksum mismatch'),
+                              ('shared-one.bin', 'data checksum mismatch'),
+                              ('header-flipped.bin', 'header checksum mismatch'),
+                              ('truncated-last.bin', 'truncated record')):
+            t.check(re.search(rf'Path: +/{re.escape(name)}\n +Problem: +{problem}\n', report),
+                    f'scrub does not give {name}\'s damage as "{problem}"')
         usage = store.usage()
         t.check(usage['corruption_events'] >= len(expected_bad), f"corruption events: {usage['corruption_events']}")
         store.fsck()
