@@ -464,7 +464,21 @@ typedef struct ScrubReport {
         json_t *damage;         /* with --json: collected, printed at the end */
         uint64_t n_reported;
         bool out_of_memory;
+        bool progress_shown;    /* a progress line is on the terminal */
 } ScrubReport;
+
+static void on_scrub_progress(uint64_t done, uint64_t total, void *userdata) {
+        ScrubReport *report = userdata;
+
+        progress_show("scrub", done, total);
+        report->progress_shown = true;
+}
+
+static void scrub_progress_clear(ScrubReport *report) {
+        if (report->progress_shown)
+                progress_clear();
+        report->progress_shown = false;
+}
 
 /* In text, each damaged block is printed as soon as it is found: a scrub
  * can take hours, and what it found so far is worth having. */
@@ -478,6 +492,7 @@ static void on_damage(const StoreDamage *d, void *userdata) {
                 return;
         }
 
+        scrub_progress_clear(report);
         printf("%sDamaged %s:\n", report->n_reported > 1 ? "\n" : "", d->pack > 0 ? "block" : "record");
         record_print(report->tool, damage_fields, d, 2);
         fflush(stdout);
@@ -530,7 +545,8 @@ static int verb_scrub(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                 report.damage = damage;
         }
 
-        r = store_scrub(store, on_damage, &report, &stats);
+        r = store_scrub(store, on_damage, progress_wanted() ? on_scrub_progress : NULL, &report, &stats);
+        scrub_progress_clear(&report);
         if (r < 0)
                 return report_failure("scrub of %s stopped: %s", store_path(store), error_text(r));
 
@@ -756,7 +772,8 @@ const Command command_scrub = {
         .description =
                 "Prints each damaged block with every subvolume and path that uses it (a path of\n"
                 "'-' means no file uses the block any more), then a summary. Reading a damaged\n"
-                "block fails with EIO rather than return wrong data.\n"
+                "block fails with EIO rather than return wrong data. On a terminal, a line on\n"
+                "standard error shows how many bytes of blocks are checked, of how many.\n"
                 "\n"
                 "Exit status: 0 if nothing is damaged, 1 if a block is damaged or the scrub\n"
                 "could not finish.\n",

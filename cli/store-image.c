@@ -15,25 +15,16 @@
 #include "store-tool.h"
 #include "string-util.h"
 
-/* A progress line on standard error, rewritten in place, when it is a
- * terminal. */
 static void show_progress(const ImageProgress *p, void *userdata) {
-        char done[FORMAT_BYTES_MAX], total[FORMAT_BYTES_MAX];
+        char what[STORE_NAME_MAX + 32];
 
-        format_bytes(p->bytes, done);
-        if (p->total > 0)
-                fprintf(stderr, "\r%s%s%s: %s of %s (%" PRIu64 "%%)\033[K", p->phase,
-                        p->image ? " " : "", p->image ? p->image : "", done, format_bytes(p->total, total),
-                        MIN(p->bytes * 100 / p->total, (uint64_t) 100));
-        else
-                fprintf(stderr, "\r%s%s%s: %s\033[K", p->phase, p->image ? " " : "", p->image ? p->image : "",
-                        done);
-        fflush(stderr);
+        snprintf(what, sizeof what, "%s%s%s", p->phase, p->image ? " " : "", p->image ? p->image : "");
+        progress_show(what, p->bytes, p->total);
 }
 
 static void end_progress(bool shown) {
         if (shown)
-                fputs("\r\033[K", stderr);
+                progress_clear();
 }
 
 static int report_image_error(const char *what, int r, const ImageError *error) {
@@ -82,7 +73,7 @@ static int verb_receive(Tool *tool, const Command *cmd, int argc, char *argv[]) 
         if (r != 0)
                 return r;
 
-        progress = isatty(STDERR_FILENO);
+        progress = progress_wanted();
         if (progress)
                 opts.progress = show_progress;
         r = image_receive(store, fd >= 0 ? fd : STDIN_FILENO, &opts, &names, &error);
@@ -160,7 +151,7 @@ static int verb_send(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (r != 0)
                 return r;
 
-        progress = isatty(STDERR_FILENO);
+        progress = progress_wanted();
         if (progress)
                 opts.progress = show_progress;
         r = image_send(store, argv[optind], fd >= 0 ? fd : STDOUT_FILENO, &opts, &error);

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "store-tool.h"
 #include "string-util.h"
@@ -161,6 +162,27 @@ const char *format_bytes(uint64_t bytes, char buf[static FORMAT_BYTES_MAX]) {
         }
         snprintf(buf, FORMAT_BYTES_MAX, "%.1f %s", value, units[unit]);
         return buf;
+}
+
+bool progress_wanted(void) {
+        return isatty(STDERR_FILENO);
+}
+
+void progress_show(const char *what, uint64_t done, uint64_t total) {
+        char done_text[FORMAT_BYTES_MAX], total_text[FORMAT_BYTES_MAX];
+
+        format_bytes(done, done_text);
+        if (total > 0)
+                fprintf(stderr, "\r%s: %s of %s (%" PRIu64 "%%)\033[K", what, done_text,
+                        format_bytes(total, total_text), MIN(done * 100 / total, (uint64_t) 100));
+        else
+                fprintf(stderr, "\r%s: %s\033[K", what, done_text);
+        fflush(stderr);
+}
+
+void progress_clear(void) {
+        fputs("\r\033[K", stderr);
+        fflush(stderr);
 }
 
 static const char *format_time_usec(uint64_t usec, char *buf, size_t size) {

@@ -190,6 +190,14 @@ int parse_size(const char *text, uint64_t *ret);
 #define FORMAT_BYTES_MAX 32
 const char *format_bytes(uint64_t bytes, char buf[static FORMAT_BYTES_MAX]);
 
+/* A progress line of long work on standard error, rewritten in place
+ * ("WHAT: 1.2 GiB of 4.0 GiB (30%)"; without a total, what is done), only
+ * when it is a terminal: progress_wanted(). progress_clear() removes it,
+ * before other output and at the end. */
+bool progress_wanted(void);
+void progress_show(const char *what, uint64_t done, uint64_t total);
+void progress_clear(void);
+
 /* Output. Every record kind has one table of fields, each with a text label,
  * a JSON key, a type and where it is in the record's struct, so that text
  * and JSON come from one description. JSON numbers carry no units. */

@@ -556,28 +556,39 @@ static int method_send_image(sd_bus_message *message, void *userdata, sd_bus_err
         return reply_job(message, m, r, j, error);
 }
 
-static void scrub_damage(const StoreDamage *d, void *userdata) {
-        json_t *list = userdata;
+typedef struct ScrubJob {
+        json_t *damage;
+        void (*progress)(uint64_t done, uint64_t total);
+} ScrubJob;
 
-        if (json_array_size(list) < 1000)
-                json_array_append_new(list, json_pack("{s:s, s:s, s:s?, s:s?}", "digest", d->digest,
-                                                      "reason", d->reason, "subvolume", d->subvolume,
-                                                      "path", d->path));
+static void scrub_damage(const StoreDamage *d, void *userdata) {
+        ScrubJob *job = userdata;
+
+        if (json_array_size(job->damage) < 1000)
+                json_array_append_new(job->damage, json_pack("{s:s, s:s, s:s?, s:s?}", "digest", d->digest,
+                                                             "reason", d->reason, "subvolume", d->subvolume,
+                                                             "path", d->path));
+}
+
+static void scrub_progress(uint64_t done, uint64_t total, void *userdata) {
+        ScrubJob *job = userdata;
+
+        job->progress(done, total);
 }
 
 static json_t *scrub_work(Store *s, void *userdata, int *ret_error, char **ret_error_text,
                           void (*progress)(uint64_t, uint64_t)) {
         json_t *damage = json_array();
+        ScrubJob job = { .damage = damage, .progress = progress };
         StoreScrubStats stats = {};
         int r;
 
-        r = store_scrub(s, scrub_damage, damage, &stats);
+        r = store_scrub(s, scrub_damage, scrub_progress, &job, &stats);
         if (r < 0) {
                 json_decref(damage);
                 *ret_error = r;
                 return NULL;
         }
-        progress(stats.bytes_checked, stats.bytes_checked);
         return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:o}",
                          "blocks_checked", (json_int_t) stats.blocks_checked,
                          "bytes_checked", (json_int_t) stats.bytes_checked,

@@ -12,6 +12,10 @@
 #include "alloc-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
+#include "time-util.h"
+
+/* A terminal's progress line moves; a D-Bus client is not flooded. */
+#define SCRUB_PROGRESS_USEC (200 * 1000)
 
 #define PATH_DEPTH_MAX 4096
 
@@ -546,10 +550,11 @@ static int scrub_layers(Store *s, store_damage_cb cb, void *userdata, StoreScrub
         return r;
 }
 
-int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *ret) {
+int store_scrub(Store *s, store_damage_cb cb, store_progress_cb progress, void *userdata, StoreScrubStats *ret) {
         _cleanup_free_ BlockRow *rows = NULL;
         _cleanup_free_ uint8_t *buf = NULL;
         StoreScrubStats stats = {};
+        uint64_t total = 0, progress_usec = 0;
         size_t n = 0;
         int r;
 
@@ -559,11 +564,15 @@ int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *r
         r = catalog_list_blocks(s, 0, &rows, &n);
         if (r < 0)
                 return r;
+        for (size_t i = 0; i < n; i++)
+                total += rows[i].loc.raw_len;
 
         for (size_t i = 0; i < n; i++) {
                 const char *reason = NULL;
                 StoreDamage damage;
 
+                if (progress && ratelimit_due(&progress_usec, SCRUB_PROGRESS_USEC, i == 0))
+                        progress(stats.bytes_checked, total, userdata);
                 r = block_read_at_reason(s, &rows[i].digest, &rows[i].loc, buf, &reason);
                 stats.blocks_checked++;
                 stats.bytes_checked += rows[i].loc.raw_len;
@@ -589,6 +598,8 @@ int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *r
         r = scrub_layers(s, cb, userdata, &stats);
         if (r < 0)
                 return r;
+        if (progress)
+                progress(total, total, userdata);
         if (ret)
                 *ret = stats;
         return 0;

@@ -224,7 +224,13 @@ typedef struct StoreScrubStats {
         uint64_t rows_damaged;
 } StoreScrubStats;
 
-int store_scrub(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *ret);
+/* How much of long work is done, of how much: called a few times a second
+ * at most, and once at the end. */
+typedef void (*store_progress_cb)(uint64_t done, uint64_t total, void *userdata);
+
+/* Progress counts the bytes of the blocks checked; userdata goes to both
+ * callbacks. */
+int store_scrub(Store *s, store_damage_cb cb, store_progress_cb progress, void *userdata, StoreScrubStats *ret);
 
 /* Checks the catalog, every layer's metadata and the block index for
  * consistency. The callback is called once per problem found; problems

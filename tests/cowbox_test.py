@@ -555,6 +555,41 @@ class Result:
             fail(f'output is not JSON ({e}):\n{self.describe()}')
 
 
+def run_on_terminal(argv, timeout=120):
+    """Runs a command with its standard error on a pseudo-terminal, as a
+    user at a terminal sees it, and its standard output to a file. Returns
+    the exit status, the standard output and what the terminal got."""
+    import pty
+    import select
+    master, slave = pty.openpty()
+    got = []
+    with tempfile.TemporaryFile() as out:
+        try:
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=slave)
+        finally:
+            os.close(slave)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([master], [], [], 0.5)
+                if not ready:
+                    if p.poll() is not None:
+                        break
+                    continue
+                try:
+                    data = os.read(master, 65536)
+                except OSError:     # EIO: every holder of the terminal closed it
+                    break
+                if not data:
+                    break
+                got.append(data)
+            code = p.wait(max(deadline - time.monotonic(), 1))
+        finally:
+            os.close(master)
+        out.seek(0)
+        return code, out.read().decode('utf-8', 'replace'), b''.join(got).decode('utf-8', 'replace')
+
+
 def run_command(argv, expect=0, env=None, timeout=300, cwd=None):
     """Runs a command and checks its exit status: expect is an int, 'fail'
     (a clean failure: 1..125 with a message on stderr, not a crash) or None.

@@ -182,6 +182,27 @@ def test_maintenance(store):
     store.fsck(repair=True)
 
 
+def test_progress(store):
+    """Long work shows a progress line on a terminal, rewritten in place and
+    removed at the end, and nothing of it when standard error is a file."""
+    image = os.path.join(t.source_root(), 'tests', 'fuzz-corpus', 'btrfs-v1-full')
+    code, out, term = t.run_on_terminal([t.tool(), '--store', store.path, 'receive', '-f', image, 'progress-image'])
+    t.check_equal(code, 0, f'receive on a terminal (it printed {out!r}, {term!r})')
+    t.check('\rreceiving progress-image: ' in term, f'receive did not name the image in its progress: {term!r}')
+    t.check(re.search(r'\rreceiving[^:]*: [0-9.]+ [KMG]?i?B of [0-9.]+ [KMG]?i?B \(100%\)\x1b\[K\r\x1b\[K$', term),
+            f'receive showed no progress reaching 100%, then removed, on the terminal: {term!r}')
+
+    code, out, term = t.run_on_terminal([t.tool(), '--store', store.path, 'scrub'])
+    t.check_equal(code, 0, f'scrub on a terminal (it printed {out!r}, {term!r})')
+    t.check(re.search(r'\rscrub: [0-9.]+ [KMG]?i?B of [0-9.]+ [KMG]?i?B \(100%\)\x1b\[K\r\x1b\[K', term),
+            f'scrub showed no progress reaching 100%, then removed, on the terminal: {term!r}')
+    t.check('Blocks checked' in out, f'scrub printed no summary: {out!r}')
+
+    r = store.run('scrub')
+    t.check('\r' not in r.err and 'scrub:' not in r.err, f'scrub showed progress in a file:\n{r.describe()}')
+    store.delete('progress-image')
+
+
 def test_lock_files_pruned(store):
     """The reaper removes the lock file of every subvolume it forgets: a
     build farm makes and deletes a snapshot per patch, and one file each
@@ -254,6 +275,7 @@ def run():
         sub.run('misuse', test_misuse, store)
         sub.run('json', test_json, store)
         sub.run('reap, scrub, fsck', test_maintenance, store)
+        sub.run('progress on a terminal', test_progress, store)
         sub.run('lock files of forgotten subvolumes', test_lock_files_pruned, store)
         sub.run('help', test_help, store)
         sub.run('version', test_version, store)

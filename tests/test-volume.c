@@ -371,7 +371,7 @@ static void test_delete_reap_and_corruption(Store *s) {
         CHECK(after.corruption_events > 0);
         {
                 StoreScrubStats scrub;
-                CHECK_OK(store_scrub(s, NULL, NULL, &scrub));
+                CHECK_OK(store_scrub(s, NULL, NULL, NULL, &scrub));
                 CHECK(scrub.blocks_damaged == 1);
         }
 }
@@ -577,7 +577,7 @@ static void test_attributes_keep_content(Store *s) {
                 attr.st_mode = 0640;
         }
         volume_close(v);
-        CHECK_OK(store_scrub(s, count_damage_of, &damaged, &scrub));
+        CHECK_OK(store_scrub(s, count_damage_of, NULL, &damaged, &scrub));
         CHECK(damaged == 0);
 }
 
