@@ -381,12 +381,19 @@ static int reaper_configure(Tool *tool, Store *store, int pause, const char *rat
         return EXIT_SUCCESS;
 }
 
+static void on_reap_progress(uint64_t done, uint64_t total, void *userdata) {
+        bool *shown = userdata;
+
+        progress_show("reap", done, total);
+        *shown = true;
+}
+
 static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         _cleanup_store_ Store *store = NULL;
         StoreReapStats stats = {};
         const char *rate = NULL;
         pid_t holder = 0;
-        bool wait = false;
+        bool wait = false, progress_shown = false;
         int c, r, pause = -1;
 
         while ((c = command_getopt(tool, cmd, argc, argv)) > 0)
@@ -416,7 +423,9 @@ static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (pause >= 0 || rate)
                 return reaper_configure(tool, store, pause, rate);
 
-        r = store_reap(store, wait, &stats, &holder);
+        r = store_reap(store, wait, progress_wanted() ? on_reap_progress : NULL, &progress_shown, &stats, &holder);
+        if (progress_shown)
+                progress_clear();
         if (r == -EBUSY) {
                 char process[PROCESS_DESCRIPTION_MAX];
 
@@ -741,7 +750,8 @@ const Command command_reap = {
                 "into it, drops the layers nothing uses and frees the blocks nothing references.\n"
                 "'subvolume delete' starts it in the background; this runs it in the foreground.\n"
                 "Only one reaper runs at a time: if another is running, reap fails and names it,\n"
-                "unless --wait is given.\n"
+                "unless --wait is given. On a terminal, a line on standard error shows the bytes\n"
+                "freed, of those waiting to be (an estimate).\n"
                 "\n"
                 "--pause, --resume and --rate change what every reaper of the store does, the\n"
                 "ones running included (within a second), and print the settings: a paused\n"

@@ -556,9 +556,20 @@ static int method_send_image(sd_bus_message *message, void *userdata, sd_bus_err
         return reply_job(message, m, r, j, error);
 }
 
-typedef struct ScrubJob {
-        json_t *damage;
+/* A job worker's progress, passed on from the store's callbacks. */
+typedef struct JobProgress {
         void (*progress)(uint64_t done, uint64_t total);
+} JobProgress;
+
+static void job_progress(uint64_t done, uint64_t total, void *userdata) {
+        const JobProgress *p = userdata;
+
+        p->progress(done, total);
+}
+
+typedef struct ScrubJob {
+        JobProgress progress;   /* first: the store's progress callback takes the whole */
+        json_t *damage;
 } ScrubJob;
 
 static void scrub_damage(const StoreDamage *d, void *userdata) {
@@ -570,20 +581,14 @@ static void scrub_damage(const StoreDamage *d, void *userdata) {
                                                              "path", d->path));
 }
 
-static void scrub_progress(uint64_t done, uint64_t total, void *userdata) {
-        ScrubJob *job = userdata;
-
-        job->progress(done, total);
-}
-
 static json_t *scrub_work(Store *s, void *userdata, int *ret_error, char **ret_error_text,
                           void (*progress)(uint64_t, uint64_t)) {
         json_t *damage = json_array();
-        ScrubJob job = { .damage = damage, .progress = progress };
+        ScrubJob job = { .progress.progress = progress, .damage = damage };
         StoreScrubStats stats = {};
         int r;
 
-        r = store_scrub(s, scrub_damage, scrub_progress, &job, &stats);
+        r = store_scrub(s, scrub_damage, job_progress, &job, &stats);
         if (r < 0) {
                 json_decref(damage);
                 *ret_error = r;
@@ -616,7 +621,7 @@ static json_t *reap_work(Store *s, void *userdata, int *ret_error, char **ret_er
         }
         free(not_applied);
 
-        r = store_reap(s, true, &stats, NULL);
+        r = store_reap(s, true, job_progress, &(JobProgress) { progress }, &stats, NULL);
         if (r < 0 && r != -EAGAIN) {
                 *ret_error = r;
                 return NULL;

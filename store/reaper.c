@@ -30,6 +30,7 @@
 #include "fd-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
+#include "time-util.h"
 
 /* Layer files with no catalog row are removed only once they are this old:
  * a subvolume being created writes its layer before its row commits. */
@@ -227,7 +228,16 @@ typedef struct Pace {
         uint64_t checked_usec;
         uint64_t start_usec;
         uint64_t bytes;
+        /* Progress: bytes freed of those the deleted subvolumes and dead
+         * layers held at the start (an estimate: the sum of their layers'
+         * counts). */
+        store_progress_cb progress;
+        void *userdata;
+        uint64_t total;
+        uint64_t progress_usec;
 } Pace;
+
+#define PROGRESS_USEC (200 * 1000)
 
 #define PACE_CHECK_USEC 500000
 
@@ -250,6 +260,8 @@ static int pace_step(Pace *p, uint64_t bytes) {
         if (p->settings.paused)
                 return -EAGAIN;
         p->bytes += bytes;
+        if (p->progress && ratelimit_due(&p->progress_usec, PROGRESS_USEC, false))
+                p->progress(MIN(p->bytes, p->total), p->total, p->userdata);
         if (p->settings.rate_bytes_per_sec > 0) {
                 uint64_t due = p->start_usec + p->bytes * 1000000 / p->settings.rate_bytes_per_sec;
                 if (due > now)
@@ -609,7 +621,15 @@ static int collect_garbage(Store *s, Pace *pace, StoreReapStats *stats) {
         return reclaim_unindexed_records(s, stats);
 }
 
-int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {
+/* What there is to free, for progress. */
+static uint64_t reclaimable_bytes(Store *s) {
+        StoreSpace space;
+
+        return store_space(s, &space) >= 0 ? space.reclaimable_bytes : 0;
+}
+
+int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, StoreReapStats *ret,
+               pid_t *ret_holder) {
         _cleanup_close_ int lock = -EBADF;
         StoreReapStats stats = {};
         Pace pace;
@@ -640,6 +660,12 @@ int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {
         r = pace_start(s, &pace);
         if (r >= 0 && pace.settings.paused)
                 r = -EAGAIN;
+        if (r >= 0 && progress) {
+                pace.progress = progress;
+                pace.userdata = userdata;
+                pace.total = reclaimable_bytes(s);
+                progress(0, pace.total, userdata);
+        }
         if (r >= 0)
                 r = forget_deleted_subvolumes(s, &stats.subvolumes_forgotten);
         if (r >= 0)
@@ -655,6 +681,8 @@ int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder) {
         if (r >= 0)
                 r = collect_garbage(s, &pace, &stats);
         space_update(s);
+        if (r >= 0 && progress)
+                progress(MAX(pace.bytes, pace.total), MAX(pace.bytes, pace.total), userdata);
         if (ret)
                 *ret = stats;
         return r;
@@ -702,7 +730,7 @@ int store_reap_in_background(Store *s) {
                 if (store_open(path, &t) < 0)
                         _exit(EXIT_FAILURE);
                 (void) store_log_to_file(t);
-                r = store_reap(t, true, NULL, NULL);
+                r = store_reap(t, true, NULL, NULL, NULL, NULL);
                 if (r < 0)
                         store_log("reaping in the background failed: %s; the next reap takes it up",
                                   strerror(-r));

@@ -167,6 +167,10 @@ int store_usage(Store *s, StoreUsage *ret);
  * child into it, drops layers nothing uses and frees the blocks nothing
  * references. Only one reaper runs at a time: -EBUSY (and ret_holder) if
  * another holds it, unless wait is true. */
+/* How much of long work is done, of how much: called a few times a second
+ * at most, and once at the end. */
+typedef void (*store_progress_cb)(uint64_t done, uint64_t total, void *userdata);
+
 typedef struct StoreReapStats {
         uint64_t subvolumes_forgotten;
         uint64_t layers_dropped;
@@ -175,7 +179,10 @@ typedef struct StoreReapStats {
         uint64_t bytes_freed;
 } StoreReapStats;
 
-int store_reap(Store *s, bool wait, StoreReapStats *ret, pid_t *ret_holder);
+/* Progress counts the bytes freed of those that wait to be (an estimate,
+ * see store_space()); userdata goes to it. */
+int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, StoreReapStats *ret,
+               pid_t *ret_holder);
 /* -EAGAIN: the reaper is paused; what was freed before is in *ret. */
 
 /* Settings every reaper of the store follows, kept in the catalog. Paused,
@@ -223,10 +230,6 @@ typedef struct StoreScrubStats {
         uint64_t rows_checked;  /* metadata records of the layers */
         uint64_t rows_damaged;
 } StoreScrubStats;
-
-/* How much of long work is done, of how much: called a few times a second
- * at most, and once at the end. */
-typedef void (*store_progress_cb)(uint64_t done, uint64_t total, void *userdata);
 
 /* Progress counts the bytes of the blocks checked; userdata goes to both
  * callbacks. */

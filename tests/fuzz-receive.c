@@ -83,6 +83,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         close(fd);
 
         if (++runs % 64 == 0)
-                (void) store_reap(store, true, NULL, NULL);
+                (void) store_reap(store, true, NULL, NULL, NULL, NULL);
         return 0;
 }

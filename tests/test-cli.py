@@ -200,7 +200,15 @@ def test_progress(store):
 
     r = store.run('scrub')
     t.check('\r' not in r.err and 'scrub:' not in r.err, f'scrub showed progress in a file:\n{r.describe()}')
-    store.delete('progress-image')
+
+    store.delete('progress-image', reap=False)
+    t.check(store.usage()['reclaimable_bytes'] > 0, 'nothing waits to be freed after a delete without a reap')
+    code, out, term = t.run_on_terminal([t.tool(), '--store', store.path, 'reap', '--wait'])
+    t.check_equal(code, 0, f'reap on a terminal (it printed {out!r}, {term!r})')
+    t.check(re.search(r'\rreap: [0-9.]+ [KMG]?i?B of [0-9.]+ [KMG]?i?B \(100%\)\x1b\[K\r\x1b\[K$', term),
+            f'reap showed no progress reaching 100%, then removed, on the terminal: {term!r}')
+    t.check('Space freed' in out, f'reap printed no summary: {out!r}')
+    t.check_equal(store.usage()['reclaimable_bytes'], 0, 'bytes waiting to be freed after the reap')
 
 
 def test_lock_files_pruned(store):

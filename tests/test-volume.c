@@ -280,7 +280,7 @@ static void test_whiteouts_and_fold(Store *s) {
         CHECK(info.depth >= 5);
         store_subvolume_info_clear(&info);
 
-        CHECK_OK(store_reap(s, true, &stats, NULL));
+        CHECK_OK(store_reap(s, true, NULL, NULL, &stats, NULL));
         CHECK(stats.subvolumes_forgotten == 5);
         CHECK(stats.layers_folded > 0);
         CHECK_OK(store_subvolume_show(s, "w", &info));
@@ -337,7 +337,7 @@ static void test_delete_reap_and_corruption(Store *s) {
         CHECK(before.data_bytes >= (1 << 20));
         CHECK_OK(store_subvolume_delete(s, "big", NULL));
         CHECK(store_subvolume_delete(s, "big", NULL) == -ENOENT);
-        CHECK_OK(store_reap(s, false, &stats, NULL));
+        CHECK_OK(store_reap(s, false, NULL, NULL, &stats, NULL));
         CHECK(stats.bytes_freed >= (1 << 20));
         CHECK_OK(store_usage(s, &after));
         CHECK(after.data_bytes + (1 << 20) <= before.data_bytes);
@@ -887,7 +887,7 @@ static void check_op_faults(Store *s, const OpsTree *t, const char *name, int (*
                 snprintf(snap, sizeof snap, "%s-%" PRIu64, name, step);
                 CHECK_OK(store_subvolume_delete(s, snap, NULL));
         }
-        CHECK_OK(store_reap(s, true, NULL, NULL));
+        CHECK_OK(store_reap(s, true, NULL, NULL, NULL, NULL));
         CHECK(store_fsck(s, false, print_problem, NULL) == 0);
 }
 
