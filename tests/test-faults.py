@@ -275,19 +275,26 @@ def run_once(store, seed, base_dir):
     return failed is not None
 
 
+def run_all(store, runs, run_one, what, steps_name):
+    """Runs run_one(seed) for each seed, which says whether its fault was
+    met; then the store must reap and check clean, and at least half the
+    runs must have met their fault (or the steps reach too far)."""
+    faulted = sum(run_one(seed) for seed in runs)
+    store.reap()
+    store.fsck()
+    print(f'{faulted} of {len(runs)} runs failed {what}', flush=True)
+    if len(runs) >= 10:
+        t.check(faulted >= len(runs) // 2,
+                f'only {faulted} of {len(runs)} runs met their fault: {steps_name} is too high')
+
+
 def test_mount_changes():
     runs = t.seeds('COWBOX_FAULT_SEED', 'COWBOX_FAULT_RUNS', 60)
     with t.Store('faults') as store, t.temporary_directory('faults-base') as base_dir:
         make_bases(store, base_dir)
         with store.mount('base') as m:
             t.assert_trees_equal(m.path, base_dir, 'the base', mtime=False, dir_mtime=False)
-        faulted = sum(run_once(store, seed, base_dir) for seed in runs)
-        store.reap()
-        store.fsck()
-        print(f'{faulted} of {len(runs)} runs failed an operation', flush=True)
-        if len(runs) >= 10:
-            t.check(faulted >= len(runs) // 2,
-                    f'only {faulted} of {len(runs)} runs met their fault: STEPS is too high')
+        run_all(store, runs, lambda seed: run_once(store, seed, base_dir), 'an operation', 'STEPS')
 
 
 def read_everything(root):
@@ -679,13 +686,7 @@ def run_pack_faults(store, seed):
 def test_pack_io():
     runs = t.seeds('COWBOX_FAULT_PACK_SEED', 'COWBOX_FAULT_PACK_RUNS', 40)
     with t.Store('faults-packs') as store:
-        faulted = sum(run_pack_faults(store, seed) for seed in runs)
-        store.reap()
-        store.fsck()
-        print(f'{faulted} of {len(runs)} runs failed a write', flush=True)
-        if len(runs) >= 10:
-            t.check(faulted >= len(runs) // 2,
-                    f'only {faulted} of {len(runs)} runs met their fault: PACK_IO_STEPS is too high')
+        run_all(store, runs, lambda seed: run_pack_faults(store, seed), 'a write', 'PACK_IO_STEPS')
 
 
 def test_faults():
