@@ -731,7 +731,7 @@ int store_reap_in_background(Store *s) {
                         _exit(EXIT_FAILURE);
                 (void) store_log_to_file(t);
                 r = store_reap(t, true, NULL, NULL, NULL, NULL);
-                if (r < 0)
+                if (r < 0 && r != -EAGAIN) /* paused: it waits for --resume */
                         store_log("reaping in the background failed: %s; the next reap takes it up",
                                   strerror(-r));
                 store_close(t);
