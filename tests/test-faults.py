@@ -65,7 +65,7 @@ READ_STEPS = 2000
 # And cowboxd, from its start to the end of the calls below.
 DAEMON_STEPS = 850
 # And the writes and syncs of packs by PACK_SCRIPT's mount.
-PACK_IO_STEPS = 120
+PACK_IO_STEPS = 90
 
 
 def data(seed, size):
