@@ -712,6 +712,22 @@ def resolve_tool(arg):
     return None
 
 
+def find_helper(name, arg, env, tool):
+    """A helper program built with the project (bench/NAME of the build
+    directory): arg if given, else $env, else bench/NAME next to the
+    tool's build directory. Its real path, or None."""
+    if arg:
+        candidates = [arg]
+    elif os.environ.get(env):
+        candidates = [os.environ[env]]
+    else:
+        candidates = [os.path.join(os.path.dirname(tool), "..", "bench", name)]
+    for c in candidates:
+        if os.path.isfile(c) and os.access(c, os.X_OK):
+            return os.path.realpath(c)
+    return None
+
+
 def positive_int(text):
     try:
         v = int(text)

@@ -23,10 +23,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 #include <zstd.h>
 
 #include "images-internal.h"
+#include "xxhash-util.h"
 
 #define ZSTD_FRAME_MAGIC 0xFD2FB528u
 #define SKIPPABLE_MAGIC_MASK 0xFFFFFFF0u

@@ -3,9 +3,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "keymap.h"
+#include "xxhash-util.h"
 
 void keymap_done(KeyMap *m) {
         for (size_t i = 0; i < m->n_slots; i++)

@@ -27,7 +27,6 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
-#include <xxhash.h>
 #include <zstd.h>
 
 #include "alloc-util.h"
@@ -35,6 +34,7 @@
 #include "fd-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
+#include "xxhash-util.h"
 
 #define PACK_MAX_BYTES (1024ull * 1024 * 1024)
 /* Tests make packs small to make many of them: $COWBOX_PACK_MAX_BYTES. */

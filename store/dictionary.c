@@ -21,12 +21,12 @@
  */
 
 #include <errno.h>
-#include <xxhash.h>
 #include <zdict.h>
 
 #include "alloc-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
+#include "xxhash-util.h"
 
 #define DICTIONARY_SIZE_MAX (64 * 1024)
 #define SAMPLE_BYTES (2 * 1024 * 1024)  /* trained once this much was offered */

@@ -8,10 +8,10 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
-#include <xxhash.h>
 
 #include "sqlite-util.h"
 #include "store-internal.h"
+#include "xxhash-util.h"
 
 /* How long a seal waits for readers of the layer to go: 5 s. */
 #define SEAL_ATTEMPTS 500

@@ -8,10 +8,10 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/xattr.h>
-#include <xxhash.h>
 
 #include "sqlite-util.h"
 #include "volume-internal.h"
+#include "xxhash-util.h"
 
 /* What a new name or xattr may take in the layer's database and journal. */
 #define METADATA_COST 1024u

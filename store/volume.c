@@ -11,13 +11,13 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-#include <xxhash.h>
 #include <zstd.h>
 
 #include "alloc-util.h"
 #include "sqlite-util.h"
 #include "time-util.h"
 #include "volume-internal.h"
+#include "xxhash-util.h"
 
 #ifndef COMMIT_INTERVAL_MS
 #define COMMIT_INTERVAL_MS 1000
