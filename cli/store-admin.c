@@ -589,7 +589,21 @@ typedef struct FsckReport {
         json_t *problems;       /* with --json */
         uint64_t n_found;
         bool out_of_memory;
+        bool progress_shown;    /* a progress line is on the terminal */
 } FsckReport;
+
+static void on_fsck_progress(uint64_t done, uint64_t total, void *userdata) {
+        FsckReport *report = userdata;
+
+        progress_show("fsck", done, total);
+        report->progress_shown = true;
+}
+
+static void fsck_progress_clear(FsckReport *report) {
+        if (report->progress_shown)
+                progress_clear();
+        report->progress_shown = false;
+}
 
 static void on_problem(const char *what, void *userdata) {
         FsckReport *report = userdata;
@@ -600,7 +614,9 @@ static void on_problem(const char *what, void *userdata) {
                         report->out_of_memory = true;
                 return;
         }
+        fsck_progress_clear(report);
         printf("Problem: %s\n", what);
+        fflush(stdout);
 }
 
 static void print_fsck_advice(const FsckSummary *summary) {
@@ -659,7 +675,8 @@ static int verb_fsck(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                 report.problems = problems;
         }
 
-        r = store_fsck(store, summary.repair, on_problem, &report);
+        r = store_fsck(store, summary.repair, on_problem, progress_wanted() ? on_fsck_progress : NULL, &report);
+        fsck_progress_clear(&report);
         if (r < 0)
                 return report_failure("fsck of %s stopped: %s", store_path(store), error_text(r));
 
@@ -783,7 +800,8 @@ const Command command_scrub = {
                 "Prints each damaged block with every subvolume and path that uses it (a path of\n"
                 "'-' means no file uses the block any more), then a summary. Reading a damaged\n"
                 "block fails with EIO rather than return wrong data. On a terminal, a line on\n"
-                "standard error shows how many bytes of blocks are checked, of how many.\n"
+                "standard error shows how many bytes of blocks are checked, of how many. A reaper\n"
+                "that runs is waited for: what it frees would look like damage.\n"
                 "\n"
                 "Exit status: 0 if nothing is damaged, 1 if a block is damaged or the scrub\n"
                 "could not finish.\n",
@@ -806,7 +824,10 @@ const Command command_fsck = {
                 "with its extents; a subvolume's next inode number that is already taken, or\n"
                 "its counts of inodes and bytes, which its quota and usage are read from, that\n"
                 "disagree with what its layers hold) are repaired; the others are only\n"
-                "reported. Nothing may have a subvolume mounted during a repair.\n"
+                "reported. Nothing may have a subvolume mounted during a repair. On a terminal, a\n"
+                "line on standard error shows how many bytes of metadata are checked, of how\n"
+                "many. A reaper that runs is waited for: the layers it folds and drops would look\n"
+                "like a broken store.\n"
                 "\n"
                 "Exit status: 0 if no problem is left unrepaired, 1 if one is or the check could\n"
                 "not finish.\n",

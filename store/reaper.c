@@ -628,11 +628,9 @@ static uint64_t reclaimable_bytes(Store *s) {
         return store_space(s, &space) >= 0 ? space.reclaimable_bytes : 0;
 }
 
-int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, StoreReapStats *ret,
-               pid_t *ret_holder) {
+int reaper_lock(Store *s, bool wait, const char *waiter, pid_t *ret_holder) {
         _cleanup_close_ int lock = -EBADF;
-        StoreReapStats stats = {};
-        Pace pace;
+        pid_t holder;
         int r;
 
         lock = open_lock(s, "reaper.lock");
@@ -641,11 +639,15 @@ int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, 
         if (flock(lock, LOCK_EX | LOCK_NB) < 0) {
                 if (errno != EWOULDBLOCK)
                         return -errno;
+                if (read_pid_file(s->locks_fd, "reaper.lock", &holder) < 0)
+                        holder = 0;
                 if (!wait) {
-                        if (ret_holder && read_pid_file(s->locks_fd, "reaper.lock", ret_holder) < 0)
-                                *ret_holder = 0;
+                        if (ret_holder)
+                                *ret_holder = holder;
                         return -EBUSY;
                 }
+                if (waiter)
+                        store_log("%s waits for process %d to finish reaping", waiter, (int) holder);
                 r = flock_retry(lock, LOCK_EX);
                 if (r < 0)
                         return r;
@@ -653,6 +655,19 @@ int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, 
         r = write_pid_file(lock, "");
         if (r < 0)
                 return r;
+        return TAKE_FD(lock);
+}
+
+int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, StoreReapStats *ret,
+               pid_t *ret_holder) {
+        _cleanup_close_ int lock = -EBADF;
+        StoreReapStats stats = {};
+        Pace pace;
+        int r;
+
+        lock = reaper_lock(s, wait, NULL, ret_holder);
+        if (lock < 0)
+                return lock;
 
         /* A long-lived process (cowboxd) opened the store when there was
          * room: on a disk filled since, the reap needs the reserve. */

@@ -553,11 +553,17 @@ static int scrub_layers(Store *s, store_damage_cb cb, void *userdata, StoreScrub
 int store_scrub(Store *s, store_damage_cb cb, store_progress_cb progress, void *userdata, StoreScrubStats *ret) {
         _cleanup_free_ BlockRow *rows = NULL;
         _cleanup_free_ uint8_t *buf = NULL;
+        _cleanup_close_ int reaping = -EBADF;
         StoreScrubStats stats = {};
         uint64_t total = 0, progress_usec = 0;
         size_t n = 0;
         int r;
 
+        /* A reaper frees blocks and drops layers: what it took away would
+         * read as damage. */
+        reaping = reaper_lock(s, true, "scrub", NULL);
+        if (reaping < 0)
+                return reaping;
         buf = malloc(STORE_BLOCK_SIZE);
         if (!buf)
                 return -ENOMEM;
@@ -611,8 +617,13 @@ typedef struct Fsck {
         Store *store;
         bool repair;
         store_problem_cb cb;
+        store_progress_cb progress;
         void *userdata;
         int unrepaired;
+        /* Bytes of databases checked, of those to check: the catalog and
+         * every live layer, then each subvolume's layers again as its
+         * tree is walked. */
+        uint64_t done, total, progress_usec;
         /* Stacks found without problems: a snapshot whose own layers are
          * still empty holds the same tree, and is not walked again. */
         StackLayers *clean;
@@ -623,6 +634,35 @@ static void fsck_done(Fsck *f) {
         for (size_t i = 0; i < f->n_clean; i++)
                 free(f->clean[i].ids);
         free(f->clean);
+}
+
+static void fsck_advance(Fsck *f, uint64_t bytes) {
+        f->done += bytes;
+        if (f->progress && ratelimit_due(&f->progress_usec, SCRUB_PROGRESS_USEC, false))
+                f->progress(MIN(f->done, f->total), f->total, f->userdata);
+}
+
+/* What a walk of the subvolume reads: its layers' databases. */
+static int stack_bytes(Store *s, const SubvolumeRecord *rec, uint64_t *ret) {
+        _cleanup_free_ uint64_t *ids = NULL;
+        size_t n = 0;
+        int r;
+
+        *ret = 0;
+        r = catalog_layer_stack(s, rec->top_layer, &ids, &n);
+        if (r == -EUCLEAN)
+                return 0;       /* a broken stack: its check reports it */
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++)
+                *ret += layer_file_bytes(s, ids[i]);
+        return 0;
+}
+
+static uint64_t catalog_file_bytes(Store *s) {
+        struct stat st;
+
+        return fstatat(s->dir_fd, "catalog.db", &st, 0) >= 0 ? (uint64_t) st.st_size : 0;
 }
 
 _printf_(3, 4)
@@ -1070,56 +1110,90 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
         return r < 0 ? r : 0;
 }
 
-int store_fsck(Store *s, bool repair, store_problem_cb cb, void *userdata) {
-        _cleanup_free_ SubvolumeRecord *recs = NULL;
-        _cleanup_free_ uint64_t *layers = NULL;
-        _cleanup_(fsck_done) Fsck f = { .store = s, .repair = repair, .cb = cb, .userdata = userdata };
-        size_t n = 0, n_layers = 0;
+static void subvolume_records_free(SubvolumeRecord *recs, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                subvolume_record_clear(&recs[i]);
+        free(recs);
+}
+
+/* The catalog, every live layer, then every subvolume's tree. */
+static int fsck_all(Fsck *f, const SubvolumeRecord *recs, size_t n) {
+        _cleanup_free_ uint64_t *layers = NULL, *layer_bytes = NULL, *walk_bytes = NULL;
+        size_t n_layers = 0;
+        uint64_t catalog_bytes;
         int r;
 
         /* Repairs change layers: none may be served meanwhile. */
-        if (repair) {
-                r = catalog_list_subvolumes(s, &recs, &n);
-                if (r < 0)
-                        return r;
-                for (size_t i = 0; i < n; i++) {
-                        pid_t holder;
+        for (size_t i = 0; f->repair && i < n; i++) {
+                pid_t holder;
 
-                        if (r >= 0 && subvolume_lock_holder(s, recs[i].id, &holder) > 0)
-                                r = -EBUSY;
-                        subvolume_record_clear(&recs[i]);
-                }
-                recs = mfree(recs);
-                n = 0;
-                if (r < 0)
-                        return r;
+                if (subvolume_lock_holder(f->store, recs[i].id, &holder) > 0)
+                        return -EBUSY;
         }
-
-        {
-                CATALOG_LOCKED(s);
-                r = check_integrity(&f, s->catalog, "catalog");
-                if (r < 0)
-                        return r;
-        }
-
-        r = catalog_live_layers(s, &layers, &n_layers);
+        r = catalog_live_layers(f->store, &layers, &n_layers);
         if (r < 0)
                 return r;
+
+        layer_bytes = calloc(MAX(n_layers, 1u), sizeof *layer_bytes);
+        walk_bytes = calloc(MAX(n, 1u), sizeof *walk_bytes);
+        if (!layer_bytes || !walk_bytes)
+                return -ENOMEM;
+        catalog_bytes = catalog_file_bytes(f->store);
+        f->total = catalog_bytes;
         for (size_t i = 0; i < n_layers; i++) {
-                r = check_layer_blocks(&f, layers[i]);
+                layer_bytes[i] = layer_file_bytes(f->store, layers[i]);
+                f->total += layer_bytes[i];
+        }
+        for (size_t i = 0; i < n; i++) {
+                r = stack_bytes(f->store, &recs[i], &walk_bytes[i]);
+                if (r < 0)
+                        return r;
+                f->total += walk_bytes[i];
+        }
+        if (f->progress)
+                f->progress(0, f->total, f->userdata);
+
+        {
+                CATALOG_LOCKED(f->store);
+                r = check_integrity(f, f->store->catalog, "catalog");
                 if (r < 0)
                         return r;
         }
+        fsck_advance(f, catalog_bytes);
+        for (size_t i = 0; i < n_layers; i++) {
+                r = check_layer_blocks(f, layers[i]);
+                if (r < 0)
+                        return r;
+                fsck_advance(f, layer_bytes[i]);
+        }
+        for (size_t i = 0; i < n; i++) {
+                r = check_subvolume(f, &recs[i]);
+                if (r < 0)
+                        return r;
+                fsck_advance(f, walk_bytes[i]);
+        }
+        if (f->progress)
+                f->progress(f->total, f->total, f->userdata);
+        return 0;
+}
 
+int store_fsck(Store *s, bool repair, store_problem_cb cb, store_progress_cb progress, void *userdata) {
+        _cleanup_(fsck_done) Fsck f = { .store = s, .repair = repair, .cb = cb, .progress = progress,
+                                        .userdata = userdata };
+        _cleanup_close_ int reaping = -EBADF;
+        SubvolumeRecord *recs = NULL;
+        size_t n = 0;
+        int r;
+
+        /* A reaper folds and drops layers: what it changed between two
+         * reads of fsck would look like a broken store. */
+        reaping = reaper_lock(s, true, "fsck", NULL);
+        if (reaping < 0)
+                return reaping;
         r = catalog_list_subvolumes(s, &recs, &n);
         if (r < 0)
                 return r;
-        for (size_t i = 0; i < n; i++) {
-                if (r >= 0)
-                        r = check_subvolume(&f, &recs[i]);
-                subvolume_record_clear(&recs[i]);
-        }
-        if (r < 0)
-                return r;
-        return f.unrepaired;
+        r = fsck_all(&f, recs, n);
+        subvolume_records_free(recs, n);
+        return r < 0 ? r : f.unrepaired;
 }

@@ -394,6 +394,11 @@ int fold_layers(Store *s, StoreReapStats *stats);
 /* Writers hold the shared GC lock while they have references to blocks that
  * are not committed yet, so that the reaper never frees a block between a
  * writer's dedup hit and its commit. */
+/* The lock only one reaper holds at a time, also taken by work that must
+ * not see layers and blocks go from under it (fsck, scrub): its fd, or
+ * -EBUSY with *ret_holder if another holds it and wait is false. Where it
+ * waits, a waiter named logs that it does. */
+int reaper_lock(Store *s, bool wait, const char *waiter, pid_t *ret_holder);
 int gc_lock_shared(Store *s, int *fd);
 int gc_try_lock_shared(Store *s, int *fd);
 void gc_unlock(int *fd);

@@ -232,7 +232,8 @@ typedef struct StoreScrubStats {
 } StoreScrubStats;
 
 /* Progress counts the bytes of the blocks checked; userdata goes to both
- * callbacks. */
+ * callbacks. A reaper that runs is waited for (it frees blocks and drops
+ * layers, which would look like damage), and so are scrub and fsck by it. */
 int store_scrub(Store *s, store_damage_cb cb, store_progress_cb progress, void *userdata, StoreScrubStats *ret);
 
 /* Checks the catalog, every layer's metadata and the block index for
@@ -240,10 +241,13 @@ int store_scrub(Store *s, store_damage_cb cb, store_progress_cb progress, void *
  * that fsck can repair without losing data (block reference counts, a next
  * inode number that is taken, counts of inodes and bytes that disagree with
  * the layers) are repaired when repair is true: -EBUSY if a subvolume is
- * mounted then. Returns the number of problems left unrepaired. */
+ * mounted then. Returns the number of problems left unrepaired. Progress
+ * counts the bytes of databases checked: the catalog and every layer, then
+ * each subvolume's layers again as its tree is walked; userdata goes to
+ * both callbacks. Like scrub, it waits for a reaper that runs. */
 typedef void (*store_problem_cb)(const char *what, void *userdata);
 
-int store_fsck(Store *s, bool repair, store_problem_cb cb, void *userdata);
+int store_fsck(Store *s, bool repair, store_problem_cb cb, store_progress_cb progress, void *userdata);
 
 /* Mounts a subvolume through FUSE at mountpoint and serves it until it is
  * unmounted (fusermount3 -u) or the process gets SIGTERM/SIGINT. A

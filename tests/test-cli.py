@@ -201,6 +201,14 @@ def test_progress(store):
     r = store.run('scrub')
     t.check('\r' not in r.err and 'scrub:' not in r.err, f'scrub showed progress in a file:\n{r.describe()}')
 
+    code, out, term = t.run_on_terminal([t.tool(), '--store', store.path, 'fsck'])
+    t.check_equal(code, 0, f'fsck on a terminal (it printed {out!r}, {term!r})')
+    t.check(re.search(r'\rfsck: [0-9.]+ [KMG]?i?B of [0-9.]+ [KMG]?i?B \(100%\)\x1b\[K\r\x1b\[K$', term),
+            f'fsck showed no progress reaching 100%, then removed, on the terminal: {term!r}')
+    t.check('No problems found' in out, f'fsck printed no summary: {out!r}')
+    r = store.run('fsck')
+    t.check('\r' not in r.err and 'fsck:' not in r.err, f'fsck showed progress in a file:\n{r.describe()}')
+
     store.delete('progress-image', reap=False)
     t.check(store.usage()['reclaimable_bytes'] > 0, 'nothing waits to be freed after a delete without a reap')
     code, out, term = t.run_on_terminal([t.tool(), '--store', store.path, 'reap', '--wait'])

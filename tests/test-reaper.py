@@ -6,10 +6,12 @@ paused); after resuming, a reaper limited to 2 MiB/s takes at least as long
 as the rate says to free what was deleted, and frees all of it. While a
 reaper marks and sweeps, a writer's fsync of small files goes through, and
 one that stores new blocks waits for it; a mount that has committed
-everything keeps no reaper waiting."""
+everything keeps no reaper waiting. fsck and scrub wait for a reaper to
+finish."""
 
 import fcntl
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -93,6 +95,34 @@ def idle_mount_lets_reaper_in(store):
             t.check(r.code == 0, f'reap --wait beside an idle mount, round {i}:\n{r.describe()}')
 
 
+def checks_wait_for_reaper(store):
+    """fsck and scrub wait while a reaper runs (here the test holds the
+    reaper's lock, as a reaper does, and names itself in it): a reaper folds
+    and drops layers and frees blocks, which would look to them like a
+    broken or damaged store. They say whom they wait for, and finish once
+    the lock is let go."""
+    fd = os.open(os.path.join(store.path, 'locks', 'reaper.lock'), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    procs = {}
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f'{os.getpid()}\n'.encode(), 0)
+        for what in ('fsck', 'scrub'):
+            procs[what] = subprocess.Popen([t.tool(), '--store', store.path, what], stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(1.5)
+        for what, p in procs.items():
+            t.check(p.poll() is None, f'{what} ran to its end while a reaper held its lock')
+    finally:
+        os.close(fd)
+    for what, p in procs.items():
+        out, err = p.communicate(timeout=120)
+        err = err.decode(errors='replace')
+        t.check_equal(p.returncode, 0, f'{what} after the reaper let go (stdout {out!r}, stderr {err!r})')
+        t.check(f'{what} waits for process {os.getpid()} to finish reaping' in err,
+                f'{what} did not say whom it waited for: {err!r}')
+
+
 def run():
     t.require_fuse()
     with t.Store('reaper') as store:
@@ -124,6 +154,7 @@ def run():
         commits_during_gc(store)
         idle_mount_lets_reaper_in(store)
         store.fsck()
+        checks_wait_for_reaper(store)
 
 
 t.main(run)

@@ -880,7 +880,7 @@ static void check_op_faults(Store *s, const OpsTree *t, const char *name, int (*
         }
         CHECK(faulted > 10);
         /* Every snapshot made, then the store without them. */
-        CHECK(store_fsck(s, false, print_problem, NULL) == 0);
+        CHECK(store_fsck(s, false, print_problem, NULL, NULL) == 0);
         for (uint64_t step = first; n_snaps > 0; step += OPS_FAULT_STRIDE, n_snaps--) {
                 char snap[64];
 
@@ -888,7 +888,7 @@ static void check_op_faults(Store *s, const OpsTree *t, const char *name, int (*
                 CHECK_OK(store_subvolume_delete(s, snap, NULL));
         }
         CHECK_OK(store_reap(s, true, NULL, NULL, NULL, NULL));
-        CHECK(store_fsck(s, false, print_problem, NULL) == 0);
+        CHECK(store_fsck(s, false, print_problem, NULL, NULL) == 0);
 }
 
 static void test_change_faults(Store *s) {
@@ -945,7 +945,7 @@ int main(void) {
         test_write_faults(s);
         test_change_faults(s);
 
-        CHECK(store_fsck(s, false, print_problem, NULL) == 0);
+        CHECK(store_fsck(s, false, print_problem, NULL, NULL) == 0);
         store_close(s);
         printf("test-volume: all checks passed\n");
         return EXIT_SUCCESS;
