@@ -182,40 +182,38 @@ def test_maintenance(store):
     store.fsck(repair=True)
 
 
+def check_progress_on_terminal(store, args, label, summary):
+    """Runs the command with standard error on a terminal: it succeeds, its
+    progress line ("label: N MiB of N MiB (P%)", label a pattern) reaches
+    100% and is then removed, and it prints summary; what it showed."""
+    code, out, term = t.run_on_terminal([t.tool(), '--store', store.path] + args)
+    t.check_equal(code, 0, f'{args[0]} on a terminal (it printed {out!r}, {term!r})')
+    t.check(re.search(rf'\r{label}: [0-9.]+ [KMG]?i?B of [0-9.]+ [KMG]?i?B \(100%\)\x1b\[K\r\x1b\[K$',
+                      term),
+            f'{args[0]} showed no progress "{label}: ..." reaching 100%, then removed, on the terminal: {term!r}')
+    t.check(summary in out, f'{args[0]} printed no {summary!r}: {out!r}')
+    return term
+
+
+def check_no_progress_in_file(store, command, label):
+    r = store.run(command)
+    t.check('\r' not in r.err and f'{label}:' not in r.err, f'{command} showed progress in a file:\n{r.describe()}')
+
+
 def test_progress(store):
     """Long work shows a progress line on a terminal, rewritten in place and
     removed at the end, and nothing of it when standard error is a file."""
     image = os.path.join(t.source_root(), 'tests', 'fuzz-corpus', 'btrfs-v1-full')
-    code, out, term = t.run_on_terminal([t.tool(), '--store', store.path, 'receive', '-f', image, 'progress-image'])
-    t.check_equal(code, 0, f'receive on a terminal (it printed {out!r}, {term!r})')
+    term = check_progress_on_terminal(store, ['receive', '-f', image, 'progress-image'], 'receiving[^:]*', '')
     t.check('\rreceiving progress-image: ' in term, f'receive did not name the image in its progress: {term!r}')
-    t.check(re.search(r'\rreceiving[^:]*: [0-9.]+ [KMG]?i?B of [0-9.]+ [KMG]?i?B \(100%\)\x1b\[K\r\x1b\[K$', term),
-            f'receive showed no progress reaching 100%, then removed, on the terminal: {term!r}')
-
-    code, out, term = t.run_on_terminal([t.tool(), '--store', store.path, 'scrub'])
-    t.check_equal(code, 0, f'scrub on a terminal (it printed {out!r}, {term!r})')
-    t.check(re.search(r'\rscrub: [0-9.]+ [KMG]?i?B of [0-9.]+ [KMG]?i?B \(100%\)\x1b\[K\r\x1b\[K', term),
-            f'scrub showed no progress reaching 100%, then removed, on the terminal: {term!r}')
-    t.check('Blocks checked' in out, f'scrub printed no summary: {out!r}')
-
-    r = store.run('scrub')
-    t.check('\r' not in r.err and 'scrub:' not in r.err, f'scrub showed progress in a file:\n{r.describe()}')
-
-    code, out, term = t.run_on_terminal([t.tool(), '--store', store.path, 'fsck'])
-    t.check_equal(code, 0, f'fsck on a terminal (it printed {out!r}, {term!r})')
-    t.check(re.search(r'\rfsck: [0-9.]+ [KMG]?i?B of [0-9.]+ [KMG]?i?B \(100%\)\x1b\[K\r\x1b\[K$', term),
-            f'fsck showed no progress reaching 100%, then removed, on the terminal: {term!r}')
-    t.check('No problems found' in out, f'fsck printed no summary: {out!r}')
-    r = store.run('fsck')
-    t.check('\r' not in r.err and 'fsck:' not in r.err, f'fsck showed progress in a file:\n{r.describe()}')
+    check_progress_on_terminal(store, ['scrub'], 'scrub', 'Blocks checked')
+    check_no_progress_in_file(store, 'scrub', 'scrub')
+    check_progress_on_terminal(store, ['fsck'], 'fsck', 'No problems found')
+    check_no_progress_in_file(store, 'fsck', 'fsck')
 
     store.delete('progress-image', reap=False)
     t.check(store.usage()['reclaimable_bytes'] > 0, 'nothing waits to be freed after a delete without a reap')
-    code, out, term = t.run_on_terminal([t.tool(), '--store', store.path, 'reap', '--wait'])
-    t.check_equal(code, 0, f'reap on a terminal (it printed {out!r}, {term!r})')
-    t.check(re.search(r'\rreap: [0-9.]+ [KMG]?i?B of [0-9.]+ [KMG]?i?B \(100%\)\x1b\[K\r\x1b\[K$', term),
-            f'reap showed no progress reaching 100%, then removed, on the terminal: {term!r}')
-    t.check('Space freed' in out, f'reap printed no summary: {out!r}')
+    check_progress_on_terminal(store, ['reap', '--wait'], 'reap', 'Space freed')
     t.check_equal(store.usage()['reclaimable_bytes'], 0, 'bytes waiting to be freed after the reap')
 
 
