@@ -429,7 +429,8 @@ static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (r == -EBUSY) {
                 char process[PROCESS_DESCRIPTION_MAX];
 
-                return report_failure("a reaper is already running in %s; wait for it with '"
+                /* fsck and scrub hold the reaper's lock too. */
+                return report_failure("another reaper, fsck or scrub is running in %s; wait for it with '"
                                       PROGRAM_NAME " reap --wait'", describe_process(holder, process));
         }
         if (r == -EAGAIN)
@@ -766,9 +767,10 @@ const Command command_reap = {
                 "The reaper forgets deleted subvolumes, folds each layer that has a single child\n"
                 "into it, drops the layers nothing uses and frees the blocks nothing references.\n"
                 "'subvolume delete' starts it in the background; this runs it in the foreground.\n"
-                "Only one reaper runs at a time: if another is running, reap fails and names it,\n"
-                "unless --wait is given. On a terminal, a line on standard error shows the bytes\n"
-                "freed, of those waiting to be (an estimate).\n"
+                "Only one reaper runs at a time, and none while fsck or scrub runs: if one of\n"
+                "them is running, reap fails and names it, unless --wait is given. On a\n"
+                "terminal, a line on standard error shows the bytes freed, of those waiting to\n"
+                "be (an estimate).\n"
                 "\n"
                 "--pause, --resume and --rate change what every reaper of the store does, the\n"
                 "ones running included (within a second), and print the settings: a paused\n"

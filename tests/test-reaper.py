@@ -113,6 +113,8 @@ def checks_wait_for_reaper(store):
         time.sleep(1.5)
         for what, p in procs.items():
             t.check(p.poll() is None, f'{what} ran to its end while a reaper held its lock')
+        r = store.run('reap', expect=1)
+        t.check(f'running in process {os.getpid()}' in r.err, f'reap beside a reaper did not name it:\n{r.describe()}')
     finally:
         os.close(fd)
     for what, p in procs.items():
