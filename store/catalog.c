@@ -341,6 +341,25 @@ static int insert_snapshot_record(Store *s, const SubvolumeRecord *source, const
 /* Freezes the source's top layer T: a writable source moves onto a new
  * empty layer above T; a writable snapshot gets its own new layer above T;
  * a read-only snapshot is T itself. Nothing is copied. */
+/* In a transaction: -ESTALE unless the subvolume, not deleted, still has
+ * the top layer the caller read (a fold may have merged it away since),
+ * -ENOENT if it is gone. */
+static int check_top_layer(Store *s, const SubvolumeRecord *rec) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        r = sqlite_prepare(s->catalog, "SELECT top_layer FROM subvolumes WHERE id = ?1 AND deleted = 0", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) rec->id);
+        r = sqlite_step_row(st);
+        if (r < 0)
+                return r;
+        if (r == 0)
+                return -ENOENT;
+        return (uint64_t) sqlite3_column_int64(st, 0) == rec->top_layer ? 0 : -ESTALE;
+}
+
 int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, bool readonly) {
         uint64_t frozen = source->top_layer, snapshot_top = frozen, source_top;
         int r;
@@ -350,6 +369,9 @@ int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, 
         if (r < 0)
                 return r;
 
+        r = check_top_layer(s, source);
+        if (r < 0)
+                goto fail;
         if (!source->readonly) {
                 r = catalog_new_layer(s, frozen, &source_top);
                 if (r < 0)
@@ -387,6 +409,9 @@ int catalog_set_readonly(Store *s, const SubvolumeRecord *rec, bool readonly) {
         r = sqlite_begin(s->catalog);
         if (r < 0)
                 return r;
+        r = check_top_layer(s, rec);
+        if (r < 0)
+                goto fail;
         if (!readonly) {
                 r = catalog_new_layer(s, rec->top_layer, &top);
                 if (r < 0)

@@ -132,6 +132,7 @@ int catalog_find_subvolume(Store *s, const char *name, SubvolumeRecord *ret);
 int catalog_find_subvolume_by_id(Store *s, uint64_t id, SubvolumeRecord *ret);
 /* By received UUID (the newest such) or by own UUID. */
 int catalog_find_subvolume_by_uuid(Store *s, const char *uuid, bool received, SubvolumeRecord *ret);
+/* -ESTALE as catalog_snapshot(). */
 int catalog_set_readonly(Store *s, const SubvolumeRecord *rec, bool readonly);
 
 /* Adds a layer above parent (0: a bottom layer) in the caller's transaction,
@@ -143,7 +144,8 @@ int catalog_new_layer(Store *s, uint64_t parent, uint64_t *ret);
 int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_n);
 
 /* Creates the snapshot in the catalog. The source's top layer must be
- * sealed already if the source is writable. */
+ * sealed already if the source is writable. -ESTALE if the source's top
+ * layer is no longer the record's (a fold merged it away): read it again. */
 int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, bool readonly);
 
 /* Takes a subvolume's lock: exclusive for writers (and for the operations

@@ -439,25 +439,20 @@ fail:
         return r;
 }
 
-int store_subvolume_snapshot(Store *s, const char *source, const char *name, bool readonly) {
+/* A reaper may fold the source's top layer into a new one at any time but
+ * while the source's lock is held: what was read before the lock can be
+ * stale, and a read-only source is not locked at all. */
+#define STALE_ATTEMPTS 8
+
+static int snapshot_once(Store *s, const char *source, const char *name, bool readonly) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord src = {};
         _cleanup_close_ int lock_fd = -EBADF;
-        SubvolumeRecord existing = {};
+        uint64_t id;
         int r;
-
-        if (!store_name_is_valid(source) || !store_name_is_valid(name))
-                return -EINVAL;
 
         r = catalog_find_subvolume(s, source, &src);
         if (r < 0)
                 return r;
-        r = catalog_find_subvolume(s, name, &existing);
-        subvolume_record_clear(&existing);
-        if (r >= 0)
-                return -EEXIST;
-        if (r != -ENOENT)
-                return r;
-
         if (src.readonly)
                 return catalog_snapshot(s, &src, name, readonly);
 
@@ -470,11 +465,40 @@ int store_subvolume_snapshot(Store *s, const char *source, const char *name, boo
         if (lock_fd < 0)
                 return lock_fd;
 
+        /* Read again now that nobody can fold it: the reaper may have held
+         * the lock while we waited for it. */
+        id = src.id;
+        subvolume_record_clear(&src);
+        r = catalog_find_subvolume_by_id(s, id, &src);
+        if (r < 0)
+                return r;
         r = layer_seal(s, src.top_layer);
         if (r < 0)
                 return r;
-
         return catalog_snapshot(s, &src, name, readonly);
+}
+
+int store_subvolume_snapshot(Store *s, const char *source, const char *name, bool readonly) {
+        SubvolumeRecord existing = {};
+        int r;
+
+        if (!store_name_is_valid(source) || !store_name_is_valid(name))
+                return -EINVAL;
+
+        r = catalog_find_subvolume(s, name, &existing);
+        subvolume_record_clear(&existing);
+        if (r >= 0)
+                return -EEXIST;
+        if (r != -ENOENT)
+                return r;
+
+        for (unsigned attempt = 1;; attempt++) {
+                r = snapshot_once(s, source, name, readonly);
+                if (r != -ESTALE)
+                        return r;
+                if (attempt >= STALE_ATTEMPTS)
+                        return -EAGAIN;
+        }
 }
 
 int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
@@ -530,29 +554,50 @@ static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const Laye
                                       StoreSubvolumeInfo *ret);
 static int subvolume_info_one(Store *s, SubvolumeRecord *rec, StoreSubvolumeInfo *ret);
 
-int store_subvolume_set_readonly(Store *s, const char *name, bool readonly) {
+static int set_readonly_once(Store *s, const char *name, bool readonly) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
         _cleanup_close_ int lock_fd = -EBADF;
+        uint64_t id;
         int r;
 
-        if (!store_name_is_valid(name))
-                return -EINVAL;
         r = catalog_find_subvolume(s, name, &rec);
         if (r < 0)
                 return r;
         if (rec.readonly == readonly)
                 return 0;
 
-        /* Nobody may serve it while its top layer changes hands. */
+        /* Nobody may serve it while its top layer changes hands; read it
+         * again once that is so (see snapshot_once()). */
         lock_fd = subvolume_lock_full(s, rec.id, true, true, NULL);
         if (lock_fd < 0)
                 return lock_fd;
+        id = rec.id;
+        subvolume_record_clear(&rec);
+        r = catalog_find_subvolume_by_id(s, id, &rec);
+        if (r < 0)
+                return r;
+        if (rec.readonly == readonly)
+                return 0;
         if (readonly) {
                 r = layer_seal(s, rec.top_layer);
                 if (r < 0)
                         return r;
         }
         return catalog_set_readonly(s, &rec, readonly);
+}
+
+int store_subvolume_set_readonly(Store *s, const char *name, bool readonly) {
+        if (!store_name_is_valid(name))
+                return -EINVAL;
+
+        for (unsigned attempt = 1;; attempt++) {
+                int r = set_readonly_once(s, name, readonly);
+
+                if (r != -ESTALE)
+                        return r;
+                if (attempt >= STALE_ATTEMPTS)
+                        return -EAGAIN;
+        }
 }
 
 int store_subvolume_rename(Store *s, const char *name, const char *new_name) {
@@ -684,7 +729,25 @@ static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const Laye
         if (subvolume_lock_holder(s, rec->id, &holder) > 0)
                 ret->mounted_by = holder;
 
-        r = subvolume_fill_space(s, all_users, n_users, ret);
+        for (unsigned attempt = 1;; attempt++) {
+                _cleanup_(subvolume_record_clear) SubvolumeRecord now = {};
+                int k;
+
+                r = subvolume_fill_space(s, all_users, n_users, ret);
+                if (r != -EUCLEAN || attempt >= STALE_ATTEMPTS)
+                        break;
+                /* No layer of the stack left: since the catalog was read,
+                 * the reaper may have folded layers of it into new ones, or
+                 * forgotten the subvolume, deleted meanwhile. A stack that
+                 * is broken for good stays so every time. */
+                k = catalog_find_subvolume_by_id(s, ret->id, &now);
+                if (k == -ENOENT)
+                        r = -ENOENT;
+                if (k < 0)
+                        break;
+                ret->top_layer = now.top_layer;
+                ret->referenced_bytes = ret->exclusive_bytes = 0;
+        }
         if (r < 0) {
                 store_subvolume_info_clear(ret);
                 return r;
@@ -725,7 +788,7 @@ int store_subvolume_list(Store *s, StoreSubvolumeInfo **ret, size_t *ret_n) {
         _cleanup_free_ SubvolumeRecord *recs = NULL;
         _cleanup_free_ LayerUsers *users = NULL;
         StoreSubvolumeInfo *infos = NULL;
-        size_t n = 0, n_users = 0;
+        size_t n = 0, n_users = 0, listed = 0;
         int r;
 
         r = catalog_list_subvolumes(s, &recs, &n);
@@ -741,15 +804,18 @@ int store_subvolume_list(Store *s, StoreSubvolumeInfo **ret, size_t *ret_n) {
                 goto finish;
         }
         for (size_t i = 0; i < n; i++) {
-                r = subvolume_info_from_record(s, &recs[i], users, n_users, &infos[i]);
+                r = subvolume_info_from_record(s, &recs[i], users, n_users, &infos[listed]);
+                if (r == -ENOENT)
+                        continue;       /* deleted since the catalog was read */
                 if (r < 0) {
-                        store_subvolume_info_array_free(infos, i);
+                        store_subvolume_info_array_free(infos, listed);
                         infos = NULL;
                         goto finish;
                 }
+                listed++;
         }
         *ret = infos;
-        *ret_n = n;
+        *ret_n = listed;
         r = 0;
 finish:
         for (size_t i = 0; i < n; i++)

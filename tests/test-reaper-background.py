@@ -15,6 +15,7 @@ import fcntl
 import os
 import platform
 import sys
+import threading
 import time
 
 sys.dont_write_bytecode = True
@@ -23,6 +24,8 @@ import cowbox_test as t  # noqa: E402
 from cowbox_test import KiB  # noqa: E402
 
 ROUNDS = 4
+SNAPSHOT_ROUNDS = 40
+SNAPSHOT_FILES = 200_000
 REAPER_NICE = 10
 IOPRIO_CLASS_BE = 2
 REAPER_IO_LEVEL = 7
@@ -49,6 +52,57 @@ def test_survives_exit():
                     t.check_bytes(t.read_file(m.p(name)), content, f'round {round}: {name}')
             store.fsck()
         store.run('scrub')
+
+
+def list_in_thread(store):
+    """Lists the subvolumes again and again in a thread until the event is
+    set; the thread, the event and the list of failed listings."""
+    stop, failures = threading.Event(), []
+
+    def lister():
+        while not stop.is_set():
+            r = store.run('subvolume', 'list', expect=None)
+            if r.code != 0:
+                failures.append(r.describe())
+    th = threading.Thread(target=lister, daemon=True)
+    th.start()
+    return th, stop, failures
+
+
+def test_snapshots_beside_reapers():
+    """A build farm's loop: snapshot a checkout, delete the snapshot (which
+    starts a background reaper), at once the next snapshot, while others
+    list the subvolumes. A reaper folds the checkout's layers while the
+    next snapshot waits for the checkout's lock: the snapshot must then
+    freeze the top layer the fold left, not the one it read before it
+    waited (which the fold had removed: the checkout's stack named a layer
+    that was gone, and every file in it was lost). A listing must not fail
+    either while layers are folded and dropped under it. The checkout is
+    large so that each fold takes long enough to be met."""
+    build = os.environ.get('COWBOX_BUILD_ROOT')
+    t.check(build, 'COWBOX_BUILD_ROOT is not set: run the tests with meson test')
+    filler = os.path.join(build, 'bench', 'fill-inodes')
+    with t.Store('reaper-snapshots') as store:
+        t.run_command([filler, '--bytes', '64', store.path, 'checkout', str(SNAPSHOT_FILES)])
+        before = store.show('checkout')
+        th, stop, failures = list_in_thread(store)
+        try:
+            for i in range(SNAPSHOT_ROUNDS):
+                store.snapshot('checkout', f'patch-{i}')
+                store.run('subvolume', 'delete', f'patch-{i}')      # a background reaper
+        finally:
+            stop.set()
+            th.join(60)
+        store.reap()
+        store.fsck()
+        after = store.show('checkout')
+        t.check_equal((after['inodes'], after['logical_bytes']), (before['inodes'], before['logical_bytes']),
+                      'inodes and bytes of the checkout')
+        with store.mount('checkout', readonly=True) as m:
+            first = t.read_file(m.p('d0000/d0000/f000000'))
+            t.check(first.startswith(b'int f0_0(void)'), f'the first file of the checkout holds {first!r}')
+        t.check(not failures, f'{len(failures)} listings failed beside the reapers, the first:\n'
+                f'{failures[0] if failures else ""}')
 
 
 def reaper_pid(store, timeout=10.0):
@@ -123,6 +177,7 @@ def run():
     sub = t.Subtests()
     sub.run('survives the exit of its parent', test_survives_exit)
     sub.run('yields to foreground work', test_yields)
+    sub.run('snapshots beside background reapers', test_snapshots_beside_reapers)
     sub.check()
 
 
