@@ -8,7 +8,8 @@ the state of its parent's database connection lost its commits when the
 parent closed: the origin came back empty.) A mount while the reaper folds
 the origin's layers sees all of it too. The background reaper gives way to
 the work that goes on meanwhile: it runs niced, at the lowest best-effort I/O
-priority."""
+priority. Snapshots and listings beside background reapers lose nothing
+(COWBOX_REAPER_RACE_FILES and COWBOX_REAPER_RACE_ROUNDS size that loop)."""
 
 import ctypes
 import fcntl
@@ -24,8 +25,8 @@ import cowbox_test as t  # noqa: E402
 from cowbox_test import KiB  # noqa: E402
 
 ROUNDS = 4
-SNAPSHOT_ROUNDS = 40
-SNAPSHOT_FILES = 200_000
+SNAPSHOT_ROUNDS = int(os.environ.get('COWBOX_REAPER_RACE_ROUNDS', '40'))
+SNAPSHOT_FILES = int(os.environ.get('COWBOX_REAPER_RACE_FILES', '200000'))
 REAPER_NICE = 10
 IOPRIO_CLASS_BE = 2
 REAPER_IO_LEVEL = 7
