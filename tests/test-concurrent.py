@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""Several processes at work on one store at once, as a build farm's jobs
+are: each worker snapshots, writes through mounts, deletes, reaps, sends
+and receives, lists, checks and scrubs, in a random order of its own, while
+the others do the same and background reapers, some of them killed with
+SIGKILL, fold and free what was deleted. Each worker owns its subvolumes
+and knows what each must hold; every time it looks, and at the end, every
+one of them holds exactly that. Listings never fail nor miss a subvolume,
+fsck and scrub find nothing wrong while all this goes on, and once the
+last subvolume is deleted and reaped, the store gives back its space.
+
+  COWBOX_SEED=N                   replay one run (its seed is printed)
+  COWBOX_CONCURRENT_WORKERS=N     workers (default 3)
+  COWBOX_CONCURRENT_OPS=N         operations per worker (default 120)
+"""
+
+import fcntl
+import os
+import random
+import signal
+import stat
+import sys
+import threading
+import time
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cowbox_test as t  # noqa: E402
+from cowbox_test import KiB  # noqa: E402
+
+WORKERS = t.env_int('COWBOX_CONCURRENT_WORKERS', 3)
+OPS = t.env_int('COWBOX_CONCURRENT_OPS', 120)
+MAX_OWNED = 5
+SIZES = [0, 1, 700, 4 * KiB, 9 * KiB, 64 * KiB, 64 * KiB + 1, 200 * KiB]
+BASE_FILES = 80
+SHARED_SOURCE = 'base'
+# The weights of the operations a worker picks from.
+OPERATIONS = {
+    'snapshot': 6,
+    'write': 6,
+    'verify': 3,
+    'delete': 4,
+    'reap': 2,
+    'kill-reaper': 2,
+    'throttle-reaper': 1,
+    'send-receive': 2,
+    'list': 3,
+    'show': 2,
+    'fsck': 1,
+    'scrub': 1,
+}
+
+
+def content(rng, size):
+    """Source-like text (compresses) or random bytes (does not)."""
+    if size == 0:
+        return b''
+    if rng.random() < 0.5:
+        line = f'static int f{rng.randrange(1 << 20)}(int x) {{ return x * {rng.randrange(99)}; }}\n'.encode()
+        return (line * (size // len(line) + 1))[:size]
+    return rng.randbytes(size)
+
+
+class Tree:
+    """What a subvolume must hold: its directories and its files' bytes."""
+
+    def __init__(self, dirs=None, files=None):
+        self.dirs = set(dirs or ())
+        self.files = dict(files or {})
+
+    def copy(self):
+        return Tree(self.dirs, self.files)
+
+
+def read_tree(root):
+    """The Tree a mount holds, and the entries that are neither files nor
+    directories."""
+    tree, odd = Tree(), []
+    for parent, dirs, files in os.walk(root):
+        for d in dirs:
+            tree.dirs.add(os.path.relpath(os.path.join(parent, d), root))
+        for f in files:
+            path = os.path.join(parent, f)
+            rel = os.path.relpath(path, root)
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                odd.append(rel)
+                continue
+            tree.files[rel] = t.read_file(path)
+    return tree, odd
+
+
+def check_tree(root, expected, what):
+    got, odd = read_tree(root)
+    t.check(not odd, f'{what}: entries that are not files: {odd}')
+    t.check_equal(sorted(got.dirs), sorted(expected.dirs), f'{what}: directories')
+    t.check_equal(sorted(got.files), sorted(expected.files), f'{what}: files')
+    for path, data in expected.files.items():
+        t.check_bytes(got.files[path], data, f'{what}: {path}')
+
+
+def reaper_at_work(store):
+    """The pid of the reaper that holds the store's reaper lock (a delete's
+    background reaper or `reap`, not fsck or scrub), or None."""
+    try:
+        with open(os.path.join(store.path, 'locks', 'reaper.lock'), 'rb') as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return None     # nobody holds it
+            except BlockingIOError:
+                pid = int(f.read().strip() or 0)
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            argv = f.read().split(b'\0')
+    except (OSError, ValueError):
+        return None
+    return pid if b'reap' in argv or b'delete' in argv else None
+
+
+class Worker:
+    def __init__(self, store, index, seed, base):
+        self.store = store
+        self.index = index
+        self.rng = random.Random(seed)
+        self.owned = {}          # name -> (Tree, read-only)
+        self.gone = set()        # names this worker deleted
+        self.base = base
+        self.counter = 0
+        self.trace = []
+        self.error = None
+        self.kills = 0
+
+    def new_name(self):
+        self.counter += 1
+        return f'w{self.index}-{self.counter}'
+
+    def log(self, text):
+        self.trace.append(text)
+
+    def run(self):
+        try:
+            ops, weights = zip(*OPERATIONS.items())
+            for i in range(OPS):
+                op = self.rng.choices(ops, weights)[0]
+                self.log(f'{i}: {op}')
+                getattr(self, 'op_' + op.replace('-', '_'))()
+        except BaseException as e:  # noqa: B036 - reported by the main thread
+            self.error = e
+
+    def tree_of(self, name):
+        return self.base if name == SHARED_SOURCE else self.owned[name][0]
+
+    def pick_owned(self, writable=None):
+        names = sorted(n for n, (_, ro) in self.owned.items() if writable is None or ro != writable)
+        return self.rng.choice(names) if names else None
+
+    def op_snapshot(self):
+        if len(self.owned) >= MAX_OWNED:
+            return self.op_delete()
+        source = self.pick_owned() if self.owned and self.rng.random() < 0.7 else SHARED_SOURCE
+        readonly = self.rng.random() < 0.4
+        name = self.new_name()
+        self.store.snapshot(source, name, readonly=readonly)
+        self.owned[name] = (self.tree_of(source).copy(), readonly)
+        self.log(f'  {source} -> {name}{" (read-only)" if readonly else ""}')
+
+    def op_delete(self):
+        name = self.pick_owned()
+        if name is None:
+            return
+        self.store.delete(name, reap=self.rng.random() < 0.7)
+        del self.owned[name]
+        self.gone.add(name)
+        self.log(f'  {name}')
+
+    def op_reap(self):
+        # Without --wait: fails, naming the holder, if another reaper, fsck
+        # or scrub is at work. Another worker may kill this reaper.
+        wait = self.rng.random() < 0.5
+        r = self.store.run('reap', *(['--wait'] if wait else []), expect=None)
+        busy = r.code == 1 and (('running in process' in r.err and not wait) or 'is paused' in r.err)
+        t.check(r.code in (0, -signal.SIGKILL) or busy, f'reap:\n{r.describe()}')
+
+    def op_kill_reaper(self):
+        pid = reaper_at_work(self.store)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                self.kills += 1
+                self.log(f'  killed {pid}')
+            except ProcessLookupError:
+                pass
+
+    def op_throttle_reaper(self):
+        """Slows every reaper down for a while (they then hold the reaper's
+        lock longer), or stops them and lets them go again."""
+        if self.rng.random() < 0.5:
+            self.store.run('reap', '--pause')
+            time.sleep(self.rng.random() * 0.3)
+            self.store.run('reap', '--resume')
+        else:
+            self.store.run('reap', '--rate', self.rng.choice(['none', '1M', '8M']))
+
+    def op_write(self):
+        name = self.pick_owned(writable=True)
+        if name is None:
+            return self.op_snapshot()
+        tree = self.owned[name][0]
+        with self.store.mount(name) as m:
+            touched = set()
+            for _ in range(self.rng.randint(1, 8)):
+                self.change_one(m, tree, touched)
+            for rel in sorted(touched):
+                path = m.p(rel)
+                if os.path.exists(path):
+                    fd = os.open(path, os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            if self.rng.random() < 0.3:
+                # A snapshot of a mounted subvolume holds what was written.
+                if len(self.owned) < MAX_OWNED:
+                    snap = self.new_name()
+                    readonly = self.rng.random() < 0.5
+                    self.store.snapshot(name, snap, readonly=readonly)
+                    self.owned[snap] = (tree.copy(), readonly)
+                    self.log(f'  snapshot of the mount -> {snap}')
+            if self.rng.random() < 0.2:
+                # Everything fsync'd must survive the server's death.
+                m.kill()
+                self.log('  killed the server')
+
+    def change_one(self, m, tree, touched):
+        rng = self.rng
+        what = rng.choice(['create', 'create', 'overwrite', 'truncate', 'unlink', 'rename', 'mkdir'])
+        files = sorted(tree.files)
+        if what in ('overwrite', 'truncate', 'unlink', 'rename') and not files:
+            what = 'create'
+        if what == 'create':
+            parent = rng.choice([''] + sorted(tree.dirs))
+            rel = os.path.join(parent, f'new-{self.new_name()}')
+            data = content(rng, rng.choice(SIZES))
+            t.write_file(m.p(rel), data)
+            tree.files[rel] = data
+            touched.update((rel, parent))
+        elif what == 'overwrite':
+            rel = rng.choice(files)
+            old = tree.files[rel]
+            offset = rng.randrange(len(old) + 1)
+            patch = content(rng, rng.choice([1, 100, 5000, 70 * KiB]))
+            with open(m.p(rel), 'r+b') as f:
+                f.seek(offset)
+                f.write(patch)
+            tree.files[rel] = old[:offset] + patch + old[offset + len(patch):]
+            touched.add(rel)
+        elif what == 'truncate':
+            rel = rng.choice(files)
+            size = rng.choice([0, 10, 5000, 66 * KiB, 300 * KiB])
+            os.truncate(m.p(rel), size)
+            old = tree.files[rel]
+            tree.files[rel] = old[:size] + b'\0' * max(0, size - len(old))
+            touched.add(rel)
+        elif what == 'unlink':
+            rel = rng.choice(files)
+            os.unlink(m.p(rel))
+            del tree.files[rel]
+            touched.add(os.path.dirname(rel))
+        elif what == 'rename':
+            rel = rng.choice(files)
+            parent = rng.choice([''] + sorted(tree.dirs))
+            new = os.path.join(parent, f'moved-{self.new_name()}')
+            os.rename(m.p(rel), m.p(new))
+            tree.files[new] = tree.files.pop(rel)
+            touched.update((os.path.dirname(rel), parent))
+        else:
+            parent = rng.choice([''] + sorted(tree.dirs))
+            rel = os.path.join(parent, f'dir-{self.new_name()}')
+            os.mkdir(m.p(rel))
+            tree.dirs.add(rel)
+            touched.add(parent)
+        self.log(f'  {what}')
+
+    def op_verify(self):
+        name = self.pick_owned()
+        if name is None:
+            return
+        tree, readonly = self.owned[name]
+        with self.store.mount(name, readonly=True) as m:
+            check_tree(m.p(''), tree, f'worker {self.index}: {name}')
+
+    def op_send_receive(self):
+        name = self.pick_owned(writable=False)
+        if name is None or len(self.owned) >= MAX_OWNED:
+            return
+        stream = os.path.join(self.store.tmp, f'{name}.stream')
+        copy = self.new_name()
+        try:
+            self.store.run('send', '-f', stream, name)
+            self.store.run('receive', '-f', stream, copy)
+        finally:
+            if os.path.exists(stream):
+                os.unlink(stream)
+        self.owned[copy] = (self.owned[name][0].copy(), True)
+        self.log(f'  {name} -> {copy}')
+
+    def op_list(self):
+        names = {s['name'] for s in self.store.list()}
+        missing = sorted(set(self.owned) - names)
+        t.check(not missing, f'worker {self.index}: subvolume list misses {missing}')
+        back = sorted(self.gone & names)
+        t.check(not back, f'worker {self.index}: subvolume list shows deleted {back}')
+
+    def op_show(self):
+        name = self.pick_owned()
+        if name is None:
+            return
+        info = self.store.show(name)
+        tree, readonly = self.owned[name]
+        t.check_equal(info['readonly'], readonly, f'worker {self.index}: {name} read-only')
+        t.check_equal(info['inodes'], 1 + len(tree.dirs) + len(tree.files), f'worker {self.index}: inodes of {name}')
+
+    def op_fsck(self):
+        self.store.fsck()
+
+    def op_scrub(self):
+        self.store.run('scrub')
+
+
+def make_base(store, rng):
+    tree = Tree()
+    for i in range(8):
+        tree.dirs.add(f'd{i}')
+        if i % 3 == 0:
+            tree.dirs.add(f'd{i}/sub')
+    parents = sorted(tree.dirs) + ['']
+    for i in range(BASE_FILES):
+        tree.files[os.path.join(rng.choice(parents), f'f{i}')] = content(rng, rng.choice(SIZES))
+    store.create(SHARED_SOURCE)
+    with store.mount(SHARED_SOURCE) as m:
+        for d in sorted(tree.dirs):
+            os.mkdir(m.p(d))
+        for rel, data in tree.files.items():
+            t.write_file(m.p(rel), data, fsync=True)
+    store.snapshot(SHARED_SOURCE, 'base-ro', readonly=True)
+    store.delete(SHARED_SOURCE, reap=False)
+    # The shared source is a read-only subvolume nobody writes.
+    store.snapshot('base-ro', SHARED_SOURCE, readonly=True)
+    store.delete('base-ro', reap=False)
+    return tree
+
+
+def run_seed(seed):
+    print(f'seed {seed}: {WORKERS} workers, {OPS} operations each '
+          f'(replay: COWBOX_SEED={seed})', flush=True)
+    rng = random.Random(seed)
+    with t.Store('concurrent') as store:
+        base = make_base(store, rng)
+        workers = [Worker(store, i, rng.randrange(1 << 32), base) for i in range(WORKERS)]
+        threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+        start = time.monotonic()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        failed = [w for w in workers if w.error is not None]
+        for w in failed:
+            print(f'worker {w.index} failed; its last operations:', flush=True)
+            for line in w.trace[-30:]:
+                print(f'  {line}')
+        if failed:
+            raise failed[0].error
+        print(f'the workers took {time.monotonic() - start:.1f} s, '
+              f'{sum(w.kills for w in workers)} reapers killed', flush=True)
+
+        store.run('reap', '--resume', '--rate', 'none')
+        store.reap()
+        store.fsck()
+        for w in workers:
+            for name in sorted(w.owned):
+                with store.mount(name, readonly=True) as m:
+                    check_tree(m.p(''), w.owned[name][0], f'at the end: {name}')
+        with store.mount(SHARED_SOURCE, readonly=True) as m:
+            check_tree(m.p(''), base, f'at the end: {SHARED_SOURCE}')
+        left = sorted(s['name'] for s in store.list())
+        expected = sorted([SHARED_SOURCE] + [n for w in workers for n in w.owned])
+        t.check_equal(left, expected, 'subvolumes at the end')
+
+        for name in left:
+            store.delete(name, reap=False)
+        store.reap()
+        store.fsck()
+        store.run('scrub')
+        usage = store.usage()
+        t.check_equal((usage['logical_bytes'], usage['reclaimable_bytes']), (0, 0),
+                      'logical and reclaimable bytes of the emptied store')
+        t.check(usage['pack_file_bytes'] < 1024 * KiB,
+                f'the emptied store still has {usage["pack_file_bytes"]} bytes in pack files')
+
+
+def run():
+    t.require_root('mounts use FUSE with allow_other')
+    t.require_fuse()
+    for seed in t.seeds('COWBOX_SEED', 'COWBOX_CONCURRENT_SEEDS', 1):
+        run_seed(seed)
+
+
+if __name__ == '__main__':
+    t.main(run)
