@@ -15,7 +15,9 @@ last subvolume is deleted and reaped, the store gives back its space.
   COWBOX_CONCURRENT_OPS=N         operations per worker (default 120)
 """
 
+import collections
 import fcntl
+import json
 import os
 import random
 import signal
@@ -27,6 +29,7 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cowbox_test as t  # noqa: E402
+import daemon_test as d  # noqa: E402
 from cowbox_test import KiB  # noqa: E402
 
 WORKERS = t.env_int('COWBOX_CONCURRENT_WORKERS', 3)
@@ -78,8 +81,8 @@ def read_tree(root):
     directories."""
     tree, odd = Tree(), []
     for parent, dirs, files in os.walk(root):
-        for d in dirs:
-            tree.dirs.add(os.path.relpath(os.path.join(parent, d), root))
+        for name in dirs:
+            tree.dirs.add(os.path.relpath(os.path.join(parent, name), root))
         for f in files:
             path = os.path.join(parent, f)
             rel = os.path.relpath(path, root)
@@ -117,6 +120,8 @@ def reaper_at_work(store):
 
 
 class Worker:
+    operations = OPERATIONS
+
     def __init__(self, store, index, seed, base):
         self.store = store
         self.index = index
@@ -128,6 +133,7 @@ class Worker:
         self.trace = []
         self.error = None
         self.kills = 0
+        self.done = collections.Counter()
 
     def new_name(self):
         self.counter += 1
@@ -138,11 +144,12 @@ class Worker:
 
     def run(self):
         try:
-            ops, weights = zip(*OPERATIONS.items())
+            ops, weights = zip(*self.operations.items())
             for i in range(OPS):
                 op = self.rng.choices(ops, weights)[0]
                 self.log(f'{i}: {op}')
                 getattr(self, 'op_' + op.replace('-', '_'))()
+                self.done[op] += 1
         except BaseException as e:  # noqa: B036 - reported by the main thread
             self.error = e
 
@@ -326,6 +333,134 @@ class Worker:
         self.store.run('scrub')
 
 
+class DaemonWorker(Worker):
+    """A worker that asks cowboxd where the daemon has a call for it:
+    snapshots, deletes, listings, images sent and received, reaps, scrubs,
+    and workspaces (a writable snapshot the daemon mounts, with read-only
+    checkpoints to go back to). Writes and checks go through mounts of
+    their own, as for the others."""
+
+    operations = {**OPERATIONS, 'workspace': 5}
+
+    def __init__(self, store, index, seed, base, bus):
+        super().__init__(store, index, seed, base)
+        self.bus = bus
+        self.workspaces = {}     # name -> (path, Tree, {label: Tree})
+
+    def cowbox(self, *args, expect=0):
+        return d.cowbox(self.bus, *args, expect=expect)
+
+    def run(self):
+        super().run()
+        if self.error is None:
+            try:
+                for name in sorted(self.workspaces):
+                    self.cowbox('workspace', 'rm', name)
+            except BaseException as e:  # noqa: B036 - reported by the main thread
+                self.error = e
+
+    def op_snapshot(self):
+        if len(self.owned) >= MAX_OWNED:
+            return self.op_delete()
+        source = self.pick_owned() if self.owned and self.rng.random() < 0.7 else SHARED_SOURCE
+        readonly = self.rng.random() < 0.4
+        name = self.new_name()
+        self.cowbox('snapshot', *(['-r'] if readonly else []), source, name)
+        self.owned[name] = (self.tree_of(source).copy(), readonly)
+        self.log(f'  {source} -> {name}{" (read-only)" if readonly else ""} by cowboxd')
+
+    def op_delete(self):
+        name = self.pick_owned()
+        if name is None:
+            return
+        self.cowbox('rm', name)
+        del self.owned[name]
+        self.gone.add(name)
+        self.log(f'  {name} by cowboxd')
+
+    def op_reap(self):
+        self.cowbox('reap')
+
+    def op_scrub(self):
+        self.cowbox('scrub')
+
+    def op_list(self):
+        names = {s['name'] for s in json.loads(self.cowbox('--json', 'list').out)}
+        missing = sorted(set(self.owned) - names)
+        t.check(not missing, f'cowboxd: list misses {missing}')
+        back = sorted(self.gone & names)
+        t.check(not back, f'cowboxd: list shows deleted {back}')
+
+    def op_show(self):
+        name = self.pick_owned()
+        if name is None:
+            return
+        info = json.loads(self.cowbox('--json', 'show', name).out)
+        tree, readonly = self.owned[name]
+        t.check_equal(info['readonly'], readonly, f'cowboxd: {name} read-only')
+
+    def op_send_receive(self):
+        name = self.pick_owned(writable=False)
+        if name is None or len(self.owned) >= MAX_OWNED:
+            return self.op_workspace()
+        stream = os.path.join(self.store.tmp, f'{name}.stream')
+        copy = self.new_name()
+        try:
+            self.cowbox('image', 'send', '-f', stream, name)
+            self.cowbox('image', 'receive', '-f', stream, copy)
+        finally:
+            if os.path.exists(stream):
+                os.unlink(stream)
+        self.owned[copy] = (self.owned[name][0].copy(), True)
+        self.log(f'  {name} -> {copy} by cowboxd')
+
+    def op_workspace(self):
+        """Creates a workspace, or changes one and checkpoints it, goes
+        back to a checkpoint, or removes it; checks what it holds."""
+        rng = self.rng
+        if not self.workspaces or (len(self.workspaces) < 2 and rng.random() < 0.3):
+            image = self.pick_owned(writable=False) or SHARED_SOURCE
+            name = f'ws{self.index}-{self.new_name()}'
+            path = os.path.join(self.store.tmp, name)
+            self.cowbox('workspace', 'create', name, '--image', image, '--path', path)
+            self.workspaces[name] = (path, self.tree_of(image).copy(), {})
+            self.log(f'  workspace {name} of {image}')
+            return
+        name = rng.choice(sorted(self.workspaces))
+        path, tree, checkpoints = self.workspaces[name]
+        what = rng.choice(['change', 'change', 'checkpoint', 'restore', 'rm'])
+        self.log(f'  workspace {name}: {what}')
+        if what == 'change':
+            mount = _Path(path)
+            touched = set()
+            for _ in range(rng.randint(1, 5)):
+                self.change_one(mount, tree, touched)
+            check_tree(path, tree, f'cowboxd: workspace {name}')
+        elif what == 'checkpoint':
+            label = f'c{self.new_name()}'
+            self.cowbox('workspace', 'checkpoint', name, label)
+            checkpoints[label] = tree.copy()
+        elif what == 'restore' and checkpoints:
+            label = rng.choice(sorted(checkpoints))
+            self.cowbox('workspace', 'restore', name, label)
+            tree = checkpoints[label].copy()
+            self.workspaces[name] = (path, tree, checkpoints)
+            check_tree(path, tree, f'cowboxd: workspace {name} back at {label}')
+        elif what == 'rm':
+            self.cowbox('workspace', 'rm', name)
+            del self.workspaces[name]
+
+
+class _Path:
+    """A directory that change_one() treats as a mount."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def p(self, *parts):
+        return os.path.join(self.path, *parts)
+
+
 def make_base(store, rng):
     tree = Tree()
     for i in range(8):
@@ -337,8 +472,8 @@ def make_base(store, rng):
         tree.files[os.path.join(rng.choice(parents), f'f{i}')] = content(rng, rng.choice(SIZES))
     store.create(SHARED_SOURCE)
     with store.mount(SHARED_SOURCE) as m:
-        for d in sorted(tree.dirs):
-            os.mkdir(m.p(d))
+        for rel in sorted(tree.dirs):
+            os.mkdir(m.p(rel))
         for rel, data in tree.files.items():
             t.write_file(m.p(rel), data, fsync=True)
     store.snapshot(SHARED_SOURCE, 'base-ro', readonly=True)
@@ -349,59 +484,71 @@ def make_base(store, rng):
     return tree
 
 
-def run_seed(seed):
-    print(f'seed {seed}: {WORKERS} workers, {OPS} operations each '
-          f'(replay: COWBOX_SEED={seed})', flush=True)
+def run_seed(seed, store, bus):
+    print(f'seed {seed}: {WORKERS} workers, {OPS} operations each'
+          f'{", one of them through cowboxd" if bus else ""} (replay: COWBOX_SEED={seed})', flush=True)
     rng = random.Random(seed)
-    with t.Store('concurrent') as store:
-        base = make_base(store, rng)
-        workers = [Worker(store, i, rng.randrange(1 << 32), base) for i in range(WORKERS)]
-        threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
-        start = time.monotonic()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        failed = [w for w in workers if w.error is not None]
-        for w in failed:
-            print(f'worker {w.index} failed; its last operations:', flush=True)
-            for line in w.trace[-30:]:
-                print(f'  {line}')
-        if failed:
-            raise failed[0].error
-        print(f'the workers took {time.monotonic() - start:.1f} s, '
-              f'{sum(w.kills for w in workers)} reapers killed', flush=True)
+    base = make_base(store, rng)
+    workers = [Worker(store, i, rng.randrange(1 << 32), base) for i in range(WORKERS - 1)]
+    seed = rng.randrange(1 << 32)
+    workers.append(DaemonWorker(store, WORKERS - 1, seed, base, bus) if bus
+                   else Worker(store, WORKERS - 1, seed, base))
+    threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
+    start = time.monotonic()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    failed = [w for w in workers if w.error is not None]
+    for w in failed:
+        print(f'worker {w.index} failed; its last operations:', flush=True)
+        for line in w.trace[-30:]:
+            print(f'  {line}')
+    if failed:
+        raise failed[0].error
+    done = sum((w.done for w in workers), collections.Counter())
+    print(f'the workers took {time.monotonic() - start:.1f} s: '
+          f'{", ".join(f"{n} {op}" for op, n in sorted(done.items()))}; '
+          f'{sum(w.kills for w in workers)} reapers killed', flush=True)
 
-        store.run('reap', '--resume', '--rate', 'none')
-        store.reap()
-        store.fsck()
-        for w in workers:
-            for name in sorted(w.owned):
-                with store.mount(name, readonly=True) as m:
-                    check_tree(m.p(''), w.owned[name][0], f'at the end: {name}')
-        with store.mount(SHARED_SOURCE, readonly=True) as m:
-            check_tree(m.p(''), base, f'at the end: {SHARED_SOURCE}')
-        left = sorted(s['name'] for s in store.list())
-        expected = sorted([SHARED_SOURCE] + [n for w in workers for n in w.owned])
-        t.check_equal(left, expected, 'subvolumes at the end')
+    store.run('reap', '--resume', '--rate', 'none')
+    store.reap()
+    store.fsck()
+    for w in workers:
+        for name in sorted(w.owned):
+            with store.mount(name, readonly=True) as m:
+                check_tree(m.p(''), w.owned[name][0], f'at the end: {name}')
+    with store.mount(SHARED_SOURCE, readonly=True) as m:
+        check_tree(m.p(''), base, f'at the end: {SHARED_SOURCE}')
+    left = sorted(s['name'] for s in store.list())
+    expected = sorted([SHARED_SOURCE] + [n for w in workers for n in w.owned])
+    t.check_equal(left, expected, 'subvolumes at the end')
 
-        for name in left:
-            store.delete(name, reap=False)
-        store.reap()
-        store.fsck()
-        store.run('scrub')
-        usage = store.usage()
-        t.check_equal((usage['logical_bytes'], usage['reclaimable_bytes']), (0, 0),
-                      'logical and reclaimable bytes of the emptied store')
-        t.check(usage['pack_file_bytes'] < 1024 * KiB,
-                f'the emptied store still has {usage["pack_file_bytes"]} bytes in pack files')
+    for name in left:
+        store.delete(name, reap=False)
+    store.reap()
+    store.fsck()
+    store.run('scrub')
+    usage = store.usage()
+    t.check_equal((usage['logical_bytes'], usage['reclaimable_bytes']), (0, 0),
+                  'logical and reclaimable bytes of the emptied store')
+    t.check(usage['pack_file_bytes'] < 1024 * KiB,
+            f'the emptied store still has {usage["pack_file_bytes"]} bytes in pack files')
 
 
 def run():
     t.require_root('mounts use FUSE with allow_other')
     t.require_fuse()
     for seed in t.seeds('COWBOX_SEED', 'COWBOX_CONCURRENT_SEEDS', 1):
-        run_seed(seed)
+        with t.Store('concurrent') as store:
+            try:
+                d.require_dbus()
+            except t.Skip as e:
+                print(f'no worker through cowboxd: {e}', flush=True)
+                run_seed(seed, store, None)
+                continue
+            with d.bus_and_daemon(store) as (bus, daemon):
+                run_seed(seed, store, bus)
 
 
 if __name__ == '__main__':
