@@ -10,6 +10,11 @@ one of them holds exactly that. Listings never fail nor miss a subvolume,
 fsck and scrub find nothing wrong while all this goes on, and once the
 last subvolume is deleted and reaped, the store gives back its space.
 
+One worker goes through cowboxd (when dbus-daemon is installed), workspaces
+included. A checkout stays mounted and is written the whole time, its
+server killed now and then; the workers snapshot it as it changes, and
+each snapshot holds what was written before it was asked for.
+
   COWBOX_SEED=N                   replay one run (its seed is printed)
   COWBOX_CONCURRENT_WORKERS=N     workers (default 3)
   COWBOX_CONCURRENT_OPS=N         operations per worker (default 120)
@@ -17,6 +22,7 @@ last subvolume is deleted and reaped, the store gives back its space.
 
 import collections
 import fcntl
+import hashlib
 import json
 import os
 import random
@@ -38,9 +44,11 @@ MAX_OWNED = 5
 SIZES = [0, 1, 700, 4 * KiB, 9 * KiB, 64 * KiB, 64 * KiB + 1, 200 * KiB]
 BASE_FILES = 80
 SHARED_SOURCE = 'base'
+LIVE = 'live'
 # The weights of the operations a worker picks from.
 OPERATIONS = {
     'snapshot': 6,
+    'snapshot-live': 3,
     'write': 6,
     'verify': 3,
     'delete': 4,
@@ -119,11 +127,163 @@ def reaper_at_work(store):
     return pid if b'reap' in argv or b'delete' in argv else None
 
 
+class LiveWriter:
+    """A checkout that stays mounted the whole run and is written all the
+    time: files created, replaced (written aside, then renamed over) and
+    removed, some steps fsync'd and some not. The workers snapshot it while
+    it is being written: a snapshot holds every step that returned before
+    it was asked for, fsync'd or not, and of the steps after, only what they
+    wrote (a file being written may be cut short). Now and then the writer
+    kills its server and mounts the subvolume again: every name then holds
+    what its last fsync'd step gave it, or what a later step did."""
+
+    def __init__(self, store, seed):
+        self.store = store
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+        self.state = {}          # name -> bytes, after every step that returned
+        self.history = []        # (name, bytes or None), each step's effect before it starts
+        self.inflight = []       # the effects of the step under way
+        self.at_mount = {}       # name -> bytes, when the subvolume was last mounted
+        self.since_mount = {}    # name -> [(bytes or None, fsync'd)] since then
+        # Held across a kill and the check after it, and across a
+        # snapshot: what a snapshot must hold is lost with the server.
+        self.kill_lock = threading.Lock()
+        self.stop = threading.Event()
+        self.error = None
+        self.kills = 0
+        self.steps = 0
+        self.mount = None
+
+    def start(self):
+        self.store.create(LIVE)
+        self.mount = self.store.mount(LIVE)
+        self.mount.mount()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        self.mount.unmount()
+
+    def begin(self, *effects):
+        with self.lock:
+            self.history.extend(effects)
+            self.inflight = list(effects)
+
+    def end(self, synced, *effects):
+        with self.lock:
+            for name, data in effects:
+                if data is None:
+                    self.state.pop(name, None)
+                else:
+                    self.state[name] = data
+                self.since_mount.setdefault(name, [(self.at_mount.get(name), True)]).append((data, synced))
+            self.inflight = []
+
+    def run(self):
+        try:
+            while not self.stop.is_set():
+                self.step()
+                self.steps += 1
+        except BaseException as e:  # noqa: B036 - reported by the main thread
+            self.error = e
+
+    def step(self):
+        rng, p = self.rng, self.mount.p
+        names = sorted(self.state)
+        what = rng.choice(['create', 'create', 'replace', 'unlink'] if names else ['create'])
+        sync = rng.random() < 0.5
+        if rng.random() < 0.01:
+            return self.kill()
+        if what == 'create':
+            name = f'n{self.steps}'
+            data = content(rng, rng.choice(SIZES))
+            self.begin((name, data))
+            t.write_file(p(name), data, fsync=sync)
+            self.end(sync, (name, data))
+        elif what == 'replace':
+            name, aside = rng.choice(names), f'aside{self.steps}'
+            data = content(rng, rng.choice(SIZES))
+            self.begin((aside, data))
+            t.write_file(p(aside), data, fsync=sync)
+            self.end(sync, (aside, data))
+            self.begin((aside, None), (name, data))
+            os.rename(p(aside), p(name))
+            if sync:
+                t.fsync_dir(p(''))
+            self.end(sync, (aside, None), (name, data))
+        else:
+            name = rng.choice(names)
+            self.begin((name, None))
+            os.unlink(p(name))
+            if sync:
+                t.fsync_dir(p(''))
+            self.end(sync, (name, None))
+
+    def kill(self):
+        with self.kill_lock:
+            self.mount.kill()
+            self.kills += 1
+            self.mount.mount()
+            got, odd = read_tree(self.mount.p(''))
+            t.check(not odd and not got.dirs, f'the live checkout after a kill: entries that are not files: '
+                    f'{odd + sorted(got.dirs)}')
+            for name in sorted(set(self.since_mount) | set(got.files)):
+                values = self.since_mount.get(name, [(self.at_mount.get(name), True)])
+                last_synced = max(i for i, (_, synced) in enumerate(values) if synced)
+                check_one(name, got.files.get(name), {v for v, _ in values[last_synced:]},
+                          len(values) > last_synced + 1, 'the live checkout after its server was killed')
+            with self.lock:
+                self.state = dict(got.files)
+                self.at_mount = dict(got.files)
+                self.since_mount = {}
+
+    def bounds(self):
+        """What a snapshot taken from now on must hold at least: the state,
+        and where in the history the changes that may follow start."""
+        with self.lock:
+            return dict(self.state), len(self.history) - len(self.inflight)
+
+    def changes_since(self, start):
+        with self.lock:
+            return list(self.history[start:])
+
+    @staticmethod
+    def check(root, state, changes, what):
+        """Checks that the tree at root holds state, changed by any of
+        changes."""
+        got, odd = read_tree(root)
+        t.check(not odd and not got.dirs, f'{what}: entries that are not files: {odd + sorted(got.dirs)}')
+        allowed = {name: {data} for name, data in state.items()}
+        changed = set()
+        for name, data in changes:
+            allowed.setdefault(name, {None}).add(data)
+            changed.add(name)
+        for name in sorted(set(allowed) | set(got.files)):
+            check_one(name, got.files.get(name), allowed.get(name, {None}), name in changed, what)
+
+
+def check_one(name, have, could, may_be_cut, what):
+    """A file holds one of could (None: absent), or, if may_be_cut, the
+    start of one of them (a write under way)."""
+    if have in could:
+        return
+    cut_short = may_be_cut and have is not None and any(c is not None and c.startswith(have) for c in could)
+    t.check(cut_short, f'{what}: {name} holds {None if have is None else len(have)} bytes '
+            f'{"" if have is None else hashlib.sha256(have).hexdigest()[:12]}, none of what it held or was '
+            f'given: {sorted(-1 if c is None else len(c) for c in could)} bytes')
+
+
 class Worker:
     operations = OPERATIONS
 
-    def __init__(self, store, index, seed, base):
+    def __init__(self, store, index, seed, base, live):
         self.store = store
+        self.live = live
         self.index = index
         self.rng = random.Random(seed)
         self.owned = {}          # name -> (Tree, read-only)
@@ -287,6 +447,24 @@ class Worker:
             touched.add(parent)
         self.log(f'  {what}')
 
+    def op_snapshot_live(self):
+        """A snapshot of the checkout being written: it holds what the
+        writer had done when it was asked for, and nothing it did not."""
+        if len(self.owned) >= MAX_OWNED:
+            return self.op_delete()
+        name, readonly = self.new_name(), self.rng.random() < 0.5
+        with self.live.kill_lock:
+            state, start = self.live.bounds()
+            self.snapshot(LIVE, name, readonly)
+            changes = self.live.changes_since(start)
+        with self.store.mount(name, readonly=True) as m:
+            LiveWriter.check(m.p(''), state, changes, f'worker {self.index}: {name}, a snapshot of {LIVE}')
+            self.owned[name] = (read_tree(m.p(''))[0], readonly)
+        self.log(f'  {LIVE} -> {name}, {len(changes)} changes while it was taken')
+
+    def snapshot(self, source, name, readonly):
+        self.store.snapshot(source, name, readonly=readonly)
+
     def op_verify(self):
         name = self.pick_owned()
         if name is None:
@@ -342,8 +520,8 @@ class DaemonWorker(Worker):
 
     operations = {**OPERATIONS, 'workspace': 5}
 
-    def __init__(self, store, index, seed, base, bus):
-        super().__init__(store, index, seed, base)
+    def __init__(self, store, index, seed, base, live, bus):
+        super().__init__(store, index, seed, base, live)
         self.bus = bus
         self.workspaces = {}     # name -> (path, Tree, {label: Tree})
 
@@ -365,9 +543,12 @@ class DaemonWorker(Worker):
         source = self.pick_owned() if self.owned and self.rng.random() < 0.7 else SHARED_SOURCE
         readonly = self.rng.random() < 0.4
         name = self.new_name()
-        self.cowbox('snapshot', *(['-r'] if readonly else []), source, name)
+        self.snapshot(source, name, readonly)
         self.owned[name] = (self.tree_of(source).copy(), readonly)
         self.log(f'  {source} -> {name}{" (read-only)" if readonly else ""} by cowboxd')
+
+    def snapshot(self, source, name, readonly):
+        self.cowbox('snapshot', *(['-r'] if readonly else []), source, name)
 
     def op_delete(self):
         name = self.pick_owned()
@@ -489,27 +670,35 @@ def run_seed(seed, store, bus):
           f'{", one of them through cowboxd" if bus else ""} (replay: COWBOX_SEED={seed})', flush=True)
     rng = random.Random(seed)
     base = make_base(store, rng)
-    workers = [Worker(store, i, rng.randrange(1 << 32), base) for i in range(WORKERS - 1)]
+    live = LiveWriter(store, rng.randrange(1 << 32))
+    workers = [Worker(store, i, rng.randrange(1 << 32), base, live) for i in range(WORKERS - 1)]
     seed = rng.randrange(1 << 32)
-    workers.append(DaemonWorker(store, WORKERS - 1, seed, base, bus) if bus
-                   else Worker(store, WORKERS - 1, seed, base))
+    workers.append(DaemonWorker(store, WORKERS - 1, seed, base, live, bus) if bus
+                   else Worker(store, WORKERS - 1, seed, base, live))
+    live.start()
     threads = [threading.Thread(target=w.run, daemon=True) for w in workers]
     start = time.monotonic()
     for th in threads:
         th.start()
     for th in threads:
         th.join()
+    live.stop.set()
+    live.thread.join()
     failed = [w for w in workers if w.error is not None]
     for w in failed:
-        print(f'worker {w.index} failed; its last operations:', flush=True)
+        print(f'worker {w.index} failed: {w.error}\nits last operations:', flush=True)
         for line in w.trace[-30:]:
             print(f'  {line}')
+    if live.error is not None:
+        print(f'the live writer failed: {live.error}', flush=True)
     if failed:
         raise failed[0].error
+    live.finish()
     done = sum((w.done for w in workers), collections.Counter())
     print(f'the workers took {time.monotonic() - start:.1f} s: '
           f'{", ".join(f"{n} {op}" for op, n in sorted(done.items()))}; '
-          f'{sum(w.kills for w in workers)} reapers killed', flush=True)
+          f'{sum(w.kills for w in workers)} reapers killed; the live writer took {live.steps} steps, '
+          f'its server killed {live.kills} times', flush=True)
 
     store.run('reap', '--resume', '--rate', 'none')
     store.reap()
@@ -520,8 +709,10 @@ def run_seed(seed, store, bus):
                 check_tree(m.p(''), w.owned[name][0], f'at the end: {name}')
     with store.mount(SHARED_SOURCE, readonly=True) as m:
         check_tree(m.p(''), base, f'at the end: {SHARED_SOURCE}')
+    with store.mount(LIVE, readonly=True) as m:
+        check_tree(m.p(''), Tree(files=live.state), f'at the end: {LIVE}')
     left = sorted(s['name'] for s in store.list())
-    expected = sorted([SHARED_SOURCE] + [n for w in workers for n in w.owned])
+    expected = sorted([SHARED_SOURCE, LIVE] + [n for w in workers for n in w.owned])
     t.check_equal(left, expected, 'subvolumes at the end')
 
     for name in left:
