@@ -94,10 +94,13 @@ def read_tree(root):
         for f in files:
             path = os.path.join(parent, f)
             rel = os.path.relpath(path, root)
-            if not stat.S_ISREG(os.lstat(path).st_mode):
-                odd.append(rel)
-                continue
-            tree.files[rel] = t.read_file(path)
+            try:
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    odd.append(rel)
+                    continue
+                tree.files[rel] = t.read_file(path)
+            except OSError as e:
+                t.fail(f'{rel} is listed in {root} but cannot be read: {t.errno_name(e.errno)}')
     return tree, odd
 
 
