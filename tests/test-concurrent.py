@@ -45,6 +45,8 @@ SIZES = [0, 1, 700, 4 * KiB, 9 * KiB, 64 * KiB, 64 * KiB + 1, 200 * KiB]
 BASE_FILES = 80
 SHARED_SOURCE = 'base'
 LIVE = 'live'
+PROBE = 'probe'          # tests/sandbox-probe, for the tasks
+SANDBOX_MOUNTS = {'dev', 'proc', 'tmp'}     # what a sandbox adds to /
 # The weights of the operations a worker picks from.
 OPERATIONS = {
     'snapshot': 6,
@@ -521,7 +523,7 @@ class DaemonWorker(Worker):
     checkpoints to go back to). Writes and checks go through mounts of
     their own, as for the others."""
 
-    operations = {**OPERATIONS, 'workspace': 5}
+    operations = {**OPERATIONS, 'workspace': 5, 'task': 3}
 
     def __init__(self, store, index, seed, base, live, bus):
         super().__init__(store, index, seed, base, live)
@@ -635,6 +637,25 @@ class DaemonWorker(Worker):
             del self.workspaces[name]
 
 
+    def op_task(self):
+        """Runs a task in a sandbox made from an image: it sees the image's
+        files as they are, whatever the others do meanwhile."""
+        images = sorted(n for n, (tree, ro) in self.owned.items() if ro and tree.files.get(PROBE) == self.base.files[PROBE])
+        image = self.rng.choice(images + [SHARED_SOURCE])
+        tree = self.tree_of(image)
+        if self.rng.random() < 0.5:
+            r = self.cowbox('run', '--timeout', '120', image, '--', '/' + PROBE, 'ls', '/')
+            top = {p.split('/')[0] for p in list(tree.files) + list(tree.dirs)}
+            seen = set(r.out.split()) - SANDBOX_MOUNTS
+            t.check_equal(sorted(seen), sorted(top), f'cowboxd: what a task in {image} sees in /')
+        else:
+            name = self.rng.choice(sorted(n for n in tree.files if '/' not in n))
+            r = self.cowbox('run', '--timeout', '120', image, '--', '/' + PROBE, 'read', '/' + name)
+            t.check_equal(r.out.split()[:2], ['read', str(len(tree.files[name]))],
+                          f'cowboxd: what a task in {image} reads of {name}')
+        self.log(f'  in {image}')
+
+
 class _Path:
     """A directory that change_one() treats as a mount."""
 
@@ -654,12 +675,13 @@ def make_base(store, rng):
     parents = sorted(tree.dirs) + ['']
     for i in range(BASE_FILES):
         tree.files[os.path.join(rng.choice(parents), f'f{i}')] = content(rng, rng.choice(SIZES))
+    tree.files[PROBE] = t.read_file(os.path.join(os.environ.get('COWBOX_BUILD_ROOT', 'build'), 'tests', 'sandbox-probe'))
     store.create(SHARED_SOURCE)
     with store.mount(SHARED_SOURCE) as m:
         for rel in sorted(tree.dirs):
             os.mkdir(m.p(rel))
         for rel, data in tree.files.items():
-            t.write_file(m.p(rel), data, fsync=True)
+            t.write_file(m.p(rel), data, mode=0o755 if rel == PROBE else 0o644, fsync=True)
     store.snapshot(SHARED_SOURCE, 'base-ro', readonly=True)
     store.delete(SHARED_SOURCE, reap=False)
     # The shared source is a read-only subvolume nobody writes.
@@ -704,6 +726,10 @@ def run_seed(seed, store, bus):
           f'its server killed {live.kills} times', flush=True)
 
     store.run('reap', '--resume', '--rate', 'none')
+    if bus:
+        # The daemon deletes a task's snapshot once the task has ended.
+        d.wait_for('the snapshots of the tasks to go',
+                   lambda: not any(s['name'].startswith('sandbox-') for s in store.list()))
     store.reap()
     store.fsck()
     for w in workers:
