@@ -100,6 +100,14 @@ static void stack_read_end(const Stack *st) {
                         (void) sqlite_exec(st->dbs[i], "COMMIT");
 }
 
+/* The database of the highest layer that has one: where the counters live. */
+static sqlite3 *stack_top_db(const Stack *st) {
+        for (size_t i = 0; i < st->n; i++)
+                if (st->dbs[i])
+                        return st->dbs[i];
+        return NULL;
+}
+
 static int stack_read_begin(const Stack *st) {
         for (size_t i = 0; i < st->n; i++) {
                 int r;
@@ -991,37 +999,48 @@ static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_log
  * of an old one (a fold of two never-written layers once left an empty
  * subvolume's counters on top). Quotas and usage are read from the counts
  * of inodes and bytes. */
-static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) {
-        sqlite3 *top = NULL;
-        LayerCounters c, mended;
-        uint64_t highest = 0, inodes = 0, logical = 0;
-        bool ino_taken, counts_wrong, fixed = false;
+/* What the counters say and what the rows hold, read in one transaction
+ * of each layer: a server that commits meanwhile changes both at once.
+ * Returns 0, or 1 if the stack has no database at all. */
+static int read_counts(const Stack *st, LayerCounters *ret_counters, uint64_t *ret_highest, uint64_t *ret_inodes,
+                       uint64_t *ret_logical) {
+        uint64_t highest = 0;
         int r;
 
+        if (!stack_top_db(st))
+                return 1;
         for (size_t i = 0; i < st->n; i++) {
                 uint64_t v;
 
                 if (!st->dbs[i])
                         continue;
-                if (!top)
-                        top = st->dbs[i];
                 r = layer_highest_ino(st->dbs[i], &v);
                 if (r < 0)
                         return r;
                 highest = MAX(highest, v);
         }
-        if (!top)
-                return 0;       /* a broken stack: reported by the caller */
-        r = layer_read_counters(top, &c);
-        if (r == -EIO)
-                return 0;       /* a damaged record: the checksum count reports it */
+        r = layer_read_counters(stack_top_db(st), ret_counters);
         if (r < 0)
                 return r;
+        *ret_highest = highest;
+        return stack_census(st, ret_inodes, ret_logical);
+}
+
+static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) {
+        LayerCounters c = {}, mended;
+        uint64_t highest = 0, inodes = 0, logical = 0;
+        bool ino_taken, counts_wrong, fixed = false;
+        int r;
+
         r = stack_read_begin(st);
         if (r < 0)
                 return r;
-        r = stack_census(st, &inodes, &logical);
+        r = read_counts(st, &c, &highest, &inodes, &logical);
         stack_read_end(st);
+        if (r > 0)
+                return 0;       /* a broken stack: reported by the caller */
+        if (r == -EIO)
+                return 0;       /* a damaged record: the checksum count reports it */
         if (r == -ELOOP) {
                 problem(f, false, "subvolume '%s': its directories form a loop", rec->name);
                 return 0;
@@ -1039,7 +1058,7 @@ static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) 
                         mended.next_ino = highest + 1;
                 mended.inodes = inodes;
                 mended.logical_bytes = logical;
-                fixed = layer_write_counters(top, &mended) >= 0;
+                fixed = layer_write_counters(stack_top_db(st), &mended) >= 0;
         }
         if (ino_taken)
                 problem(f, fixed, "subvolume '%s': the next inode number, %" PRIu64 ", is taken (its inodes go up to "
