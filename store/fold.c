@@ -231,8 +231,10 @@ static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
                 if (r < 0)
                         return r;
         }
-        /* Nobody else has M open: it is not in the catalog yet. */
-        return sqlite_exec(db, "PRAGMA journal_mode=DELETE");
+        /* M is unreachable, not unseen: its row makes it a dead layer, whose
+         * bytes the space estimate (usage, the daemon's watch) reads now
+         * and then, and the mode change waits for such a reader to go. */
+        return layer_journal_delete(db);
 }
 
 static int swap_in(Store *s, const FoldCandidate *fc, uint64_t merged) {

@@ -413,7 +413,7 @@ static bool layer_has_wal(Store *s, uint64_t id) {
 
 /* The journal mode change needs the database to itself: it does not wait
  * for readers, it reports the mode that stays. So ask until it took. */
-static int set_journal_delete(sqlite3 *db) {
+int layer_journal_delete(sqlite3 *db) {
         for (unsigned attempt = 0; attempt < SEAL_ATTEMPTS; attempt++) {
                 _cleanup_stmt_ sqlite3_stmt *st = NULL;
                 const char *mode;
@@ -456,7 +456,7 @@ int layer_seal(Store *s, uint64_t id) {
         r = sqlite_open(path, SQLITE_OPEN_READWRITE, false, &db);
         if (r < 0)
                 return r;
-        return set_journal_delete(db);
+        return layer_journal_delete(db);
 }
 
 int layer_unlink(Store *s, uint64_t id) {

@@ -209,6 +209,10 @@ int layer_exists(Store *s, uint64_t id);
  * connection still open) is checkpointed and the layer switched to a
  * rollback journal; without one there is nothing to do. */
 int layer_seal(Store *s, uint64_t id);
+/* Leaves WAL mode for a rollback journal, waiting for other connections
+ * (readers of the space estimate among them) to let go for a while; -EBUSY
+ * if they never do. */
+int layer_journal_delete(sqlite3 *db);
 int layer_read_counters(sqlite3 *db, LayerCounters *ret);
 int layer_write_counters(sqlite3 *db, const LayerCounters *c);
 /* The highest inode number that has a row in the layer, 0 for none. */

@@ -56,15 +56,17 @@ def test_survives_exit():
 
 
 def list_in_thread(store):
-    """Lists the subvolumes again and again in a thread until the event is
-    set; the thread, the event and the list of failed listings."""
+    """Lists the subvolumes and shows the store's usage (which reads the
+    layers a fold is building) again and again in a thread until the event
+    is set; the thread, the event and the list of failed commands."""
     stop, failures = threading.Event(), []
 
     def lister():
         while not stop.is_set():
-            r = store.run('subvolume', 'list', expect=None)
-            if r.code != 0:
-                failures.append(r.describe())
+            for command in (('subvolume', 'list'), ('usage',)):
+                r = store.run(*command, expect=None)
+                if r.code != 0:
+                    failures.append(r.describe())
     th = threading.Thread(target=lister, daemon=True)
     th.start()
     return th, stop, failures
@@ -73,13 +75,15 @@ def list_in_thread(store):
 def test_snapshots_beside_reapers():
     """A build farm's loop: snapshot a checkout, delete the snapshot (which
     starts a background reaper), at once the next snapshot, while others
-    list the subvolumes. A reaper folds the checkout's layers while the
-    next snapshot waits for the checkout's lock: the snapshot must then
-    freeze the top layer the fold left, not the one it read before it
-    waited (which the fold had removed: the checkout's stack named a layer
-    that was gone, and every file in it was lost). A listing must not fail
-    either while layers are folded and dropped under it. The checkout is
-    large so that each fold takes long enough to be met."""
+    list the subvolumes and look at the store's usage. A reaper folds the
+    checkout's layers while the next snapshot waits for the checkout's
+    lock: the snapshot must then freeze the top layer the fold left, not
+    the one it read before it waited (which the fold had removed: the
+    checkout's stack named a layer that was gone, and every file in it was
+    lost). A listing must not fail either while layers are folded and
+    dropped under it, nor a reaper while usage reads the layer it folds
+    into (which kept the fold from finishing it). The checkout is large so
+    that each fold takes long enough to be met."""
     build = os.environ.get('COWBOX_BUILD_ROOT')
     t.check(build, 'COWBOX_BUILD_ROOT is not set: run the tests with meson test')
     filler = os.path.join(build, 'bench', 'fill-inodes')
@@ -104,6 +108,9 @@ def test_snapshots_beside_reapers():
             t.check(first.startswith(b'int f0_0(void)'), f'the first file of the checkout holds {first!r}')
         t.check(not failures, f'{len(failures)} listings failed beside the reapers, the first:\n'
                 f'{failures[0] if failures else ""}')
+        failed = [line for line in store.log().splitlines() if 'reaping in the background failed' in line]
+        t.check(not failed, f'{len(failed)} background reapers failed beside the listings, the first: '
+                f'{failed[0] if failed else ""}')
 
 
 def reaper_pid(store, timeout=10.0):
