@@ -426,10 +426,12 @@ static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         r = store_reap(store, wait, progress_wanted() ? on_reap_progress : NULL, &progress_shown, &stats, &holder);
         if (progress_shown)
                 progress_clear();
-        if (r == -EBUSY) {
+        if (r == -EBUSY && !wait) {
                 char process[PROCESS_DESCRIPTION_MAX];
 
-                /* fsck and scrub hold the reaper's lock too. */
+                /* fsck and scrub hold the reaper's lock too; with --wait
+                 * the lock was waited for, and the store was busy in
+                 * another way. */
                 return report_failure("another reaper, fsck or scrub is running in %s; wait for it with '"
                                       PROGRAM_NAME " reap --wait'", describe_process(holder, process));
         }
