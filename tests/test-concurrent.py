@@ -715,7 +715,9 @@ def run_seed(seed, store, bus):
         for line in w.trace[-30:]:
             print(f'  {line}')
     if live.error is not None:
+        # The workers' checks of its snapshots fail after it does.
         print(f'the live writer failed: {live.error}', flush=True)
+        raise live.error
     if failed:
         raise failed[0].error
     live.finish()
