@@ -38,6 +38,8 @@ BUS_CONFIG = '''<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Config
 </busconfig>
 '''
 
+POLICY_GROUP = 'cowbox'    # the group contrib/org.cowbox1.conf lets call cowboxd
+
 # A bus that lets everyone call everything: what cowboxd checks itself.
 OPEN_POLICY = '''<policy context="default">
     <allow own="*"/>
@@ -67,6 +69,9 @@ class Bus:
         self.dir = store.new_dir('bus')
         self.socket = os.path.join(self.dir, 'socket')
         if policy == 'contrib':
+            # The policy names the group: dbus-daemon drops the rules of a
+            # group that does not exist when it reads them.
+            ensure_group(POLICY_GROUP)
             text = f'<include>{os.path.join(t.source_root(), "contrib", "org.cowbox1.conf")}</include>'
         else:
             text = OPEN_POLICY
@@ -189,15 +194,21 @@ def names(bus):
     return sorted(s['name'] for s in json.loads(cowbox(bus, '--json', 'list').out))
 
 
+def ensure_group(name):
+    """A system group (created if missing)."""
+    import grp
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        subprocess.run(['groupadd', '--system', name], check=True, capture_output=True)
+
+
 def ensure_user(name, groups=()):
     """A real unprivileged user (created if missing): (uid, gid, [gids])."""
     import grp
     import pwd
     for g in groups:
-        try:
-            grp.getgrnam(g)
-        except KeyError:
-            subprocess.run(['groupadd', '--system', g], check=True, capture_output=True)
+        ensure_group(g)
     try:
         pw = pwd.getpwnam(name)
     except KeyError:

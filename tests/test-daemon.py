@@ -263,7 +263,7 @@ def check_reaper_marks(store):
 
 def check_access(bus_contrib, store):
     nobody = d.ensure_user('cowbox-test-user')
-    member = d.ensure_user('cowbox-test-member', groups=['cowbox'])
+    member = d.ensure_user('cowbox-test-member', groups=[d.POLICY_GROUP])
     # Anyone may look.
     d.gdbus_call(bus_contrib, 'ListImages', user=nobody)
     d.gdbus_call(bus_contrib, 'GetStatus', user=nobody)
