@@ -10,8 +10,8 @@ one of them holds exactly that. Listings never fail nor miss a subvolume,
 fsck and scrub find nothing wrong while all this goes on, and once the
 last subvolume is deleted and reaped, the store gives back its space.
 
-One worker goes through cowboxd (when dbus-daemon is installed), workspaces
-included. A checkout stays mounted and is written the whole time, its
+One worker goes through cowboxd (when dbus-daemon is installed), with
+workspaces, image renames and tasks in sandboxes. A checkout stays mounted and is written the whole time, its
 server killed now and then; the workers snapshot it as it changes, and
 each snapshot holds what was written before it was asked for.
 
@@ -523,7 +523,7 @@ class DaemonWorker(Worker):
     checkpoints to go back to). Writes and checks go through mounts of
     their own, as for the others."""
 
-    operations = {**OPERATIONS, 'workspace': 5, 'task': 3}
+    operations = {**OPERATIONS, 'workspace': 5, 'task': 3, 'rename': 2}
 
     def __init__(self, store, index, seed, base, live, bus):
         super().__init__(store, index, seed, base, live)
@@ -636,6 +636,17 @@ class DaemonWorker(Worker):
             self.cowbox('workspace', 'rm', name)
             del self.workspaces[name]
 
+
+    def op_rename(self):
+        """Renames an image: the new name lists, the old one does not."""
+        name = self.pick_owned(writable=False)
+        if name is None:
+            return
+        new = self.new_name()
+        self.cowbox('image', 'rename', name, new)
+        self.owned[new] = self.owned.pop(name)
+        self.gone.add(name)
+        self.log(f'  {name} -> {new} by cowboxd')
 
     def op_task(self):
         """Runs a task in a sandbox made from an image: it sees the image's
