@@ -2,11 +2,11 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """Several processes at work on one store at once, as a build farm's jobs
 are: each worker snapshots, writes through mounts, deletes, reaps, sends
-and receives, lists, checks and scrubs, in a random order of its own, while
-the others do the same and background reapers, some of them killed with
-SIGKILL, fold and free what was deleted. Each worker owns its subvolumes
-and knows what each must hold; every time it looks, and at the end, every
-one of them holds exactly that. Listings never fail nor miss a subvolume,
+and receives (some receives killed part way), lists, checks and scrubs, in
+a random order of its own, while the others do the same and background
+reapers, some of them killed with SIGKILL, fold and free what was deleted.
+Each worker owns its subvolumes and knows what each must hold; every time
+it looks, and at the end, every one of them holds exactly that. Listings never fail nor miss a subvolume,
 fsck and scrub find nothing wrong while all this goes on, and once the
 last subvolume is deleted and reaped, the store gives back its space.
 
@@ -28,6 +28,7 @@ import os
 import random
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -45,6 +46,7 @@ SIZES = [0, 1, 700, 4 * KiB, 9 * KiB, 64 * KiB, 64 * KiB + 1, 200 * KiB]
 BASE_FILES = 80
 SHARED_SOURCE = 'base'
 LIVE = 'live'
+RECEIVING = '.receiving-'    # what a receive under way is called
 PROBE = 'probe'          # tests/sandbox-probe, for the tasks
 SANDBOX_MOUNTS = {'dev', 'proc', 'tmp'}     # what a sandbox adds to /
 # The weights of the operations a worker picks from.
@@ -58,6 +60,7 @@ OPERATIONS = {
     'kill-reaper': 2,
     'throttle-reaper': 1,
     'send-receive': 2,
+    'kill-receive': 1,
     'list': 3,
     'show': 2,
     'fsck': 1,
@@ -298,6 +301,7 @@ class Worker:
         self.trace = []
         self.error = None
         self.kills = 0
+        self.receives_killed = 0
         self.done = collections.Counter()
 
     def new_name(self):
@@ -492,6 +496,36 @@ class Worker:
                 os.unlink(stream)
         self.owned[copy] = (self.owned[name][0].copy(), True)
         self.log(f'  {name} -> {copy}')
+
+    def op_kill_receive(self):
+        """A receive killed part way leaves no image under its name (what it
+        did leave, the next receive or cowboxd removes)."""
+        name = self.pick_owned(writable=False)
+        if name is None or len(self.owned) >= MAX_OWNED:
+            return
+        stream = os.path.join(self.store.tmp, f'{name}.stream')
+        copy = self.new_name()
+        try:
+            self.store.run('send', '-f', stream, name)
+            receive = subprocess.Popen([t.tool(), '--store', self.store.path, 'receive', '-f', stream, copy],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            time.sleep(self.rng.random() * 0.05)
+            receive.kill()
+            err = receive.communicate()[1]
+        finally:
+            if os.path.exists(stream):
+                os.unlink(stream)
+        t.check(receive.returncode in (0, -signal.SIGKILL), f'worker {self.index}: the receive of {copy}: {err}')
+        # Killed after its commit, it made the whole image all the same.
+        made = receive.returncode == 0 or copy in {s['name'] for s in self.store.list()}
+        if made:
+            self.owned[copy] = (self.owned[name][0].copy(), True)
+            with self.store.mount(copy, readonly=True) as m:
+                check_tree(m.p(''), self.owned[copy][0], f'worker {self.index}: {copy}, received')
+        else:
+            self.gone.add(copy)
+            self.receives_killed += 1
+        self.log(f'  {name} -> {copy}: {"made" if made else "killed before it was made"}')
 
     def op_list(self):
         names = {s['name'] for s in self.store.list()}
@@ -735,14 +769,25 @@ def run_seed(seed, store, bus):
     done = sum((w.done for w in workers), collections.Counter())
     print(f'the workers took {time.monotonic() - start:.1f} s: '
           f'{", ".join(f"{n} {op}" for op, n in sorted(done.items()))}; '
-          f'{sum(w.kills for w in workers)} reapers killed; the live writer took {live.steps} steps, '
+          f'{sum(w.kills for w in workers)} reapers and {sum(w.receives_killed for w in workers)} receives killed; '
+          f'the live writer took {live.steps} steps, '
           f'its server killed {live.kills} times', flush=True)
 
     store.run('reap', '--resume', '--rate', 'none')
     if bus:
-        # The daemon deletes a task's snapshot once the task has ended.
-        d.wait_for('the snapshots of the tasks to go',
-                   lambda: not any(s['name'].startswith('sandbox-') for s in store.list()))
+        # The daemon deletes a task's snapshot once the task has ended, and
+        # what a killed receive left within seconds.
+        d.wait_for('the snapshots of the tasks and what killed receives left to go',
+                   lambda: not any(s['name'].startswith(('sandbox-', RECEIVING)) for s in store.list()))
+    else:
+        store.create('empty')
+        store.snapshot('empty', 'empty-image', readonly=True)
+        stream = os.path.join(store.tmp, 'empty.stream')
+        store.run('send', '-f', stream, 'empty-image')
+        store.delete('empty-image', reap=False)
+        store.run('receive', '-f', stream, 'empty-image')   # removes what killed receives left
+        for name in ('empty', 'empty-image'):
+            store.delete(name, reap=False)
     store.reap()
     store.fsck()
     for w in workers:
