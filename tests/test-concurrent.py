@@ -335,7 +335,7 @@ class Worker:
         source = self.pick_owned() if self.owned and self.rng.random() < 0.7 else SHARED_SOURCE
         readonly = self.rng.random() < 0.4
         name = self.new_name()
-        self.store.snapshot(source, name, readonly=readonly)
+        self.snapshot(source, name, readonly)
         self.owned[name] = (self.tree_of(source).copy(), readonly)
         self.log(f'  {source} -> {name}{" (read-only)" if readonly else ""}')
 
@@ -343,10 +343,13 @@ class Worker:
         name = self.pick_owned()
         if name is None:
             return
-        self.store.delete(name, reap=self.rng.random() < 0.7)
+        self.delete(name)
         del self.owned[name]
         self.gone.add(name)
         self.log(f'  {name}')
+
+    def delete(self, name):
+        self.store.delete(name, reap=self.rng.random() < 0.7)
 
     def op_reap(self):
         # Without --wait: fails, naming the holder, if another reaper, fsck
@@ -489,13 +492,19 @@ class Worker:
         stream = os.path.join(self.store.tmp, f'{name}.stream')
         copy = self.new_name()
         try:
-            self.store.run('send', '-f', stream, name)
-            self.store.run('receive', '-f', stream, copy)
+            self.send(name, stream)
+            self.receive(stream, copy)
         finally:
             if os.path.exists(stream):
                 os.unlink(stream)
         self.owned[copy] = (self.owned[name][0].copy(), True)
         self.log(f'  {name} -> {copy}')
+
+    def send(self, name, stream):
+        self.store.run('send', '-f', stream, name)
+
+    def receive(self, stream, name):
+        self.store.run('receive', '-f', stream, name)
 
     def op_kill_receive(self):
         """A receive killed part way leaves no image under its name (what it
@@ -528,20 +537,26 @@ class Worker:
         self.log(f'  {name} -> {copy}: {"made" if made else "killed before it was made"}')
 
     def op_list(self):
-        names = {s['name'] for s in self.store.list()}
+        names = {s['name'] for s in self.listed()}
         missing = sorted(set(self.owned) - names)
-        t.check(not missing, f'worker {self.index}: subvolume list misses {missing}')
+        t.check(not missing, f'worker {self.index}: the list misses {missing}')
         back = sorted(self.gone & names)
-        t.check(not back, f'worker {self.index}: subvolume list shows deleted {back}')
+        t.check(not back, f'worker {self.index}: the list shows deleted {back}')
 
     def op_show(self):
         name = self.pick_owned()
         if name is None:
             return
-        info = self.store.show(name)
+        info = self.shown(name)
         tree, readonly = self.owned[name]
         t.check_equal(info['readonly'], readonly, f'worker {self.index}: {name} read-only')
         t.check_equal(info['inodes'], 1 + len(tree.dirs) + len(tree.files), f'worker {self.index}: inodes of {name}')
+
+    def listed(self):
+        return self.store.list()
+
+    def shown(self, name):
+        return self.store.show(name)
 
     def op_fsck(self):
         self.store.fsck()
@@ -576,27 +591,11 @@ class DaemonWorker(Worker):
             except BaseException as e:  # noqa: B036 - reported by the main thread
                 self.error = e
 
-    def op_snapshot(self):
-        if len(self.owned) >= MAX_OWNED:
-            return self.op_delete()
-        source = self.pick_owned() if self.owned and self.rng.random() < 0.7 else SHARED_SOURCE
-        readonly = self.rng.random() < 0.4
-        name = self.new_name()
-        self.snapshot(source, name, readonly)
-        self.owned[name] = (self.tree_of(source).copy(), readonly)
-        self.log(f'  {source} -> {name}{" (read-only)" if readonly else ""} by cowboxd')
-
     def snapshot(self, source, name, readonly):
         self.cowbox('snapshot', *(['-r'] if readonly else []), source, name)
 
-    def op_delete(self):
-        name = self.pick_owned()
-        if name is None:
-            return
+    def delete(self, name):
         self.cowbox('rm', name)
-        del self.owned[name]
-        self.gone.add(name)
-        self.log(f'  {name} by cowboxd')
 
     def op_reap(self):
         self.cowbox('reap')
@@ -604,35 +603,17 @@ class DaemonWorker(Worker):
     def op_scrub(self):
         self.cowbox('scrub')
 
-    def op_list(self):
-        names = {s['name'] for s in json.loads(self.cowbox('--json', 'list').out)}
-        missing = sorted(set(self.owned) - names)
-        t.check(not missing, f'cowboxd: list misses {missing}')
-        back = sorted(self.gone & names)
-        t.check(not back, f'cowboxd: list shows deleted {back}')
+    def listed(self):
+        return json.loads(self.cowbox('--json', 'list').out)
 
-    def op_show(self):
-        name = self.pick_owned()
-        if name is None:
-            return
-        info = json.loads(self.cowbox('--json', 'show', name).out)
-        tree, readonly = self.owned[name]
-        t.check_equal(info['readonly'], readonly, f'cowboxd: {name} read-only')
+    def shown(self, name):
+        return json.loads(self.cowbox('--json', 'show', name).out)
 
-    def op_send_receive(self):
-        name = self.pick_owned(writable=False)
-        if name is None or len(self.owned) >= MAX_OWNED:
-            return self.op_workspace()
-        stream = os.path.join(self.store.tmp, f'{name}.stream')
-        copy = self.new_name()
-        try:
-            self.cowbox('image', 'send', '-f', stream, name)
-            self.cowbox('image', 'receive', '-f', stream, copy)
-        finally:
-            if os.path.exists(stream):
-                os.unlink(stream)
-        self.owned[copy] = (self.owned[name][0].copy(), True)
-        self.log(f'  {name} -> {copy} by cowboxd')
+    def send(self, name, stream):
+        self.cowbox('image', 'send', '-f', stream, name)
+
+    def receive(self, stream, name):
+        self.cowbox('image', 'receive', '-f', stream, name)
 
     def op_workspace(self):
         """Creates a workspace, or changes one and checkpoints it, goes
@@ -669,7 +650,6 @@ class DaemonWorker(Worker):
         elif what == 'rm':
             self.cowbox('workspace', 'rm', name)
             del self.workspaces[name]
-
 
     def op_rename(self):
         """Renames an image: the new name lists, the old one does not."""
