@@ -999,47 +999,34 @@ static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_log
  * of an old one (a fold of two never-written layers once left an empty
  * subvolume's counters on top). Quotas and usage are read from the counts
  * of inodes and bytes. */
-/* What the counters say and what the rows hold, read in one transaction
- * of each layer: a server that commits meanwhile changes both at once.
- * Returns 0, or 1 if the stack has no database at all. */
-static int read_counts(const Stack *st, LayerCounters *ret_counters, uint64_t *ret_highest, uint64_t *ret_inodes,
-                       uint64_t *ret_logical) {
-        uint64_t highest = 0;
+static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) {
+        sqlite3 *top = stack_top_db(st);
+        LayerCounters c, mended;
+        uint64_t highest = 0, inodes = 0, logical = 0;
+        bool ino_taken, counts_wrong, damaged, fixed = false;
         int r;
 
-        if (!stack_top_db(st))
-                return 1;
-        for (size_t i = 0; i < st->n; i++) {
-                uint64_t v;
+        if (!top)
+                return 0;       /* a broken stack: reported by the caller */
+        /* The counters and the rows in one read transaction: a server that
+         * commits meanwhile changes both at once. */
+        r = stack_read_begin(st);
+        if (r < 0)
+                return r;
+        r = layer_read_counters(top, &c);
+        damaged = r == -EIO;
+        for (size_t i = 0; r >= 0 && i < st->n; i++) {
+                uint64_t v = 0;
 
                 if (!st->dbs[i])
                         continue;
                 r = layer_highest_ino(st->dbs[i], &v);
-                if (r < 0)
-                        return r;
                 highest = MAX(highest, v);
         }
-        r = layer_read_counters(stack_top_db(st), ret_counters);
-        if (r < 0)
-                return r;
-        *ret_highest = highest;
-        return stack_census(st, ret_inodes, ret_logical);
-}
-
-static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) {
-        LayerCounters c = {}, mended;
-        uint64_t highest = 0, inodes = 0, logical = 0;
-        bool ino_taken, counts_wrong, fixed = false;
-        int r;
-
-        r = stack_read_begin(st);
-        if (r < 0)
-                return r;
-        r = read_counts(st, &c, &highest, &inodes, &logical);
+        if (r >= 0)
+                r = stack_census(st, &inodes, &logical);
         stack_read_end(st);
-        if (r > 0)
-                return 0;       /* a broken stack: reported by the caller */
-        if (r == -EIO)
+        if (damaged)
                 return 0;       /* a damaged record: the checksum count reports it */
         if (r == -ELOOP) {
                 problem(f, false, "subvolume '%s': its directories form a loop", rec->name);
@@ -1058,7 +1045,7 @@ static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) 
                         mended.next_ino = highest + 1;
                 mended.inodes = inodes;
                 mended.logical_bytes = logical;
-                fixed = layer_write_counters(stack_top_db(st), &mended) >= 0;
+                fixed = layer_write_counters(top, &mended) >= 0;
         }
         if (ino_taken)
                 problem(f, fixed, "subvolume '%s': the next inode number, %" PRIu64 ", is taken (its inodes go up to "
