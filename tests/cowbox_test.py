@@ -17,6 +17,7 @@ so that a change of its output touches one place.
 import contextlib
 import ctypes
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -885,6 +886,19 @@ class Store:
             except FileNotFoundError:
                 pass
         return text
+
+    def reaper_lock_holder(self):
+        """The pid that holds the store's reaper lock (a reaper, fsck or
+        scrub), or None when nobody holds it."""
+        try:
+            with open(os.path.join(self.path, 'locks', 'reaper.lock'), 'rb') as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    return None
+                except BlockingIOError:
+                    return int(f.read().strip() or 0) or None
+        except (FileNotFoundError, ValueError):
+            return None
 
     def fsck(self, repair=False, expect=0):
         return self.run('fsck', *(['--repair'] if repair else []), expect=expect)

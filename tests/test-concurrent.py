@@ -21,7 +21,7 @@ each snapshot holds what was written before it was asked for.
 """
 
 import collections
-import fcntl
+import contextlib
 import hashlib
 import json
 import os
@@ -121,16 +121,11 @@ def check_tree(root, expected, what):
 def reaper_at_work(store):
     """The pid of the reaper that holds the store's reaper lock (a delete's
     background reaper or `reap`, not fsck or scrub), or None."""
+    pid = store.reaper_lock_holder()
     try:
-        with open(os.path.join(store.path, 'locks', 'reaper.lock'), 'rb') as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                return None     # nobody holds it
-            except BlockingIOError:
-                pid = int(f.read().strip() or 0)
         with open(f'/proc/{pid}/cmdline', 'rb') as f:
             argv = f.read().split(b'\0')
-    except (OSError, ValueError):
+    except (OSError, TypeError):
         return None
     return pid if b'reap' in argv or b'delete' in argv else None
 
@@ -489,16 +484,22 @@ class Worker:
         name = self.pick_owned(writable=False)
         if name is None or len(self.owned) >= MAX_OWNED:
             return
-        stream = os.path.join(self.store.tmp, f'{name}.stream')
         copy = self.new_name()
+        with self.sent(name) as stream:
+            self.receive(stream, copy)
+        self.owned[copy] = (self.owned[name][0].copy(), True)
+        self.log(f'  {name} -> {copy}')
+
+    @contextlib.contextmanager
+    def sent(self, name):
+        """A file with a send stream of name, removed at the end."""
+        stream = os.path.join(self.store.tmp, f'{name}.stream')
         try:
             self.send(name, stream)
-            self.receive(stream, copy)
+            yield stream
         finally:
             if os.path.exists(stream):
                 os.unlink(stream)
-        self.owned[copy] = (self.owned[name][0].copy(), True)
-        self.log(f'  {name} -> {copy}')
 
     def send(self, name, stream):
         self.store.run('send', '-f', stream, name)
@@ -512,18 +513,13 @@ class Worker:
         name = self.pick_owned(writable=False)
         if name is None or len(self.owned) >= MAX_OWNED:
             return
-        stream = os.path.join(self.store.tmp, f'{name}.stream')
         copy = self.new_name()
-        try:
-            self.store.run('send', '-f', stream, name)
+        with self.sent(name) as stream:
             receive = subprocess.Popen([t.tool(), '--store', self.store.path, 'receive', '-f', stream, copy],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             time.sleep(self.rng.random() * 0.05)
             receive.kill()
             err = receive.communicate()[1]
-        finally:
-            if os.path.exists(stream):
-                os.unlink(stream)
         t.check(receive.returncode in (0, -signal.SIGKILL), f'worker {self.index}: the receive of {copy}: {err}')
         # Killed after its commit, it made the whole image all the same.
         made = receive.returncode == 0 or copy in {s['name'] for s in self.store.list()}
