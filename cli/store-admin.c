@@ -777,7 +777,8 @@ const Command command_reap = {
                 "--pause, --resume and --rate change what every reaper of the store does, the\n"
                 "ones running included (within a second), and print the settings: a paused\n"
                 "reaper stops and none starts until --resume, and the rate bounds the bytes a\n"
-                "reaper frees per second, so that it never floods the disk the foreground uses.\n",
+                "reaper frees per second, and those it writes folding layers, so that it never\n"
+                "floods the disk the foreground uses.\n",
         .options = (const CommandOption[]) {
                 { ARG_WAIT, "wait", NULL, "if another reaper is running, wait for it, then reap" },
                 { ARG_PAUSE, "pause", NULL, "stop every reaper until --resume" },

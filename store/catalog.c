@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "alloc-util.h"
 #include "fd-util.h"
@@ -297,6 +298,83 @@ int catalog_new_layer(Store *s, uint64_t parent, uint64_t *ret) {
         return 0;
 }
 
+int catalog_meta_get_int(Store *s, const char *key, int64_t *ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT value FROM meta WHERE key = ?1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+        r = sqlite_step_row(st);
+        if (r < 0)
+                return r;
+        *ret = r > 0 ? sqlite3_column_int64(st, 0) : 0;
+        return 0;
+}
+
+int catalog_meta_set_int(Store *s, const char *key, int64_t value) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, value);
+        return sqlite_step_done(st);
+}
+
+/* The layer a fold is building, with the pid of the process building it.
+ * Unreachable until the fold swaps it in, it is a dead layer to everyone
+ * else meanwhile, and one that a crash of the fold leaves behind. */
+#define META_FOLDING_LAYER "folding_layer"
+#define META_FOLDING_PID "folding_pid"
+
+int catalog_new_folding_layer(Store *s, uint64_t parent, uint64_t *ret) {
+        uint64_t id;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_begin(s->catalog);
+        if (r < 0)
+                return r;
+        r = catalog_new_layer(s, parent, &id);
+        if (r >= 0)
+                r = catalog_meta_set_int(s, META_FOLDING_LAYER, (int64_t) id);
+        if (r >= 0)
+                r = catalog_meta_set_int(s, META_FOLDING_PID, (int64_t) getpid());
+        if (r >= 0)
+                r = sqlite_commit(s->catalog);
+        if (r < 0) {
+                sqlite_rollback(s->catalog);
+                return r;
+        }
+        *ret = id;
+        return 0;
+}
+
+int catalog_fold_done(Store *s) {
+        return catalog_meta_set_int(s, META_FOLDING_LAYER, 0);
+}
+
+int catalog_folding_layer(Store *s, uint64_t *ret_id, pid_t *ret_pid) {
+        int64_t id, pid;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = catalog_meta_get_int(s, META_FOLDING_LAYER, &id);
+        if (r >= 0)
+                r = catalog_meta_get_int(s, META_FOLDING_PID, &pid);
+        if (r < 0)
+                return r;
+        *ret_id = id > 0 ? (uint64_t) id : 0;
+        *ret_pid = pid > 0 && pid <= INT32_MAX ? (pid_t) pid : 0;
+        return 0;
+}
+
 static int set_top_layer(Store *s, uint64_t subvolume, uint64_t layer) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         int r;
@@ -444,21 +522,6 @@ fail:
 static int lock_file_name(uint64_t id, char ret[static 32]) {
         snprintf(ret, 32, "subvolume-%" PRIu64 ".lock", id);
         return 0;
-}
-
-/* A process that is dying (or dead and not yet reaped) still holds its
- * locks until its last thread is gone. */
-static bool process_is_exiting(pid_t pid) {
-        _cleanup_fclose_ FILE *f = NULL;
-        char path[64], state = 0;
-
-        snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
-        f = fopen(path, "re");
-        if (!f)
-                return true;
-        if (fscanf(f, "%*d (%*[^)]) %c", &state) != 1)
-                return false;
-        return state == 'Z' || state == 'X';
 }
 
 #define LOCK_EXITING_WAIT_USEC 2000000

@@ -175,11 +175,6 @@ fail:
         return r;
 }
 
-static int new_layer_row(Store *s, uint64_t parent, uint64_t *ret) {
-        CATALOG_LOCKED(s);
-        return catalog_new_layer(s, parent, ret);
-}
-
 /* Builds M's database: a copy of the lower layer with the upper applied,
  * or the upper alone. Where neither was ever written, M is not either: a
  * layer without a database holds nothing and reads the counters of the
@@ -268,6 +263,8 @@ static int swap_in(Store *s, const FoldCandidate *fc, uint64_t merged) {
                 r = sqlite_exec(s->catalog, sql);
         }
         if (r >= 0)
+                r = catalog_fold_done(s);
+        if (r >= 0)
                 r = sqlite_commit(s->catalog);
         if (r < 0)
                 sqlite_rollback(s->catalog);
@@ -276,7 +273,7 @@ static int swap_in(Store *s, const FoldCandidate *fc, uint64_t merged) {
 
 /* Folds one pair. A writable top is folded only while nobody serves its
  * subvolume: its lock is held until the catalog names the merged layer. */
-static int fold_one(Store *s, const FoldCandidate *fc, StoreReapStats *stats) {
+static int fold_one(Store *s, const FoldCandidate *fc, Pace *pace, StoreReapStats *stats) {
         _cleanup_close_ int lock = -EBADF;
         uint64_t merged;
         int r;
@@ -298,12 +295,14 @@ static int fold_one(Store *s, const FoldCandidate *fc, StoreReapStats *stats) {
 
         /* M's row exists, unreachable, before its file: a crash leaves a
          * dead layer that the next reap drops. */
-        r = new_layer_row(s, fc->parent, &merged);
+        r = catalog_new_folding_layer(s, fc->parent, &merged);
         if (r < 0)
                 return r;
         r = build_merged(s, fc, merged);
-        if (r >= 0)
+        if (r >= 0) {
+                pace_wrote(pace, layer_file_bytes(s, merged));
                 r = swap_in(s, fc, merged);
+        }
         if (r < 0) {
                 (void) layer_unlink(s, merged);
                 if (r != -EIO)
@@ -320,7 +319,7 @@ static int fold_one(Store *s, const FoldCandidate *fc, StoreReapStats *stats) {
         return 1;
 }
 
-int fold_layers(Store *s, StoreReapStats *stats) {
+int fold_layers(Store *s, Pace *pace, StoreReapStats *stats) {
         bool folded;
 
         /* Each fold changes the tree: look again until a pass folds nothing. */
@@ -334,7 +333,10 @@ int fold_layers(Store *s, StoreReapStats *stats) {
                         return r;
                 folded = false;
                 for (size_t i = 0; i < n && !folded; i++) {
-                        r = fold_one(s, &list[i], stats);
+                        r = pace_step(pace, 0);
+                        if (r < 0)
+                                return r;
+                        r = fold_one(s, &list[i], pace, stats);
                         /* A merged layer is a copy: on a full disk it waits
                          * for the space the rest of the reap gives back. */
                         if (r == -ENOSPC)

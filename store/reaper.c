@@ -168,42 +168,13 @@ static int digest_set_add(DigestSet *set, const Digest *d) {
 
 /* ---- settings, and the pace of a reaper ---- */
 
-static int meta_get_int(Store *s, const char *key, int64_t *ret) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
-        int r;
-
-        CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, "SELECT value FROM meta WHERE key = ?1", &st);
-        if (r < 0)
-                return r;
-        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
-        r = sqlite_step_row(st);
-        if (r < 0)
-                return r;
-        *ret = r > 0 ? sqlite3_column_int64(st, 0) : 0;
-        return 0;
-}
-
-static int meta_set_int(Store *s, const char *key, int64_t value) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
-        int r;
-
-        CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, "INSERT OR REPLACE INTO meta(key, value) VALUES (?1, ?2)", &st);
-        if (r < 0)
-                return r;
-        sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 2, value);
-        return sqlite_step_done(st);
-}
-
 int store_reaper_settings(Store *s, StoreReaperSettings *ret) {
         int64_t paused = 0, rate = 0;
         int r;
 
-        r = meta_get_int(s, "reaper_paused", &paused);
+        r = catalog_meta_get_int(s, "reaper_paused", &paused);
         if (r >= 0)
-                r = meta_get_int(s, "reaper_rate", &rate);
+                r = catalog_meta_get_int(s, "reaper_rate", &rate);
         if (r < 0)
                 return r;
         *ret = (StoreReaperSettings) { .paused = paused != 0, .rate_bytes_per_sec = (uint64_t) MAX(rate, 0) };
@@ -211,23 +182,25 @@ int store_reaper_settings(Store *s, StoreReaperSettings *ret) {
 }
 
 int store_reaper_set_paused(Store *s, bool paused) {
-        return meta_set_int(s, "reaper_paused", paused);
+        return catalog_meta_set_int(s, "reaper_paused", paused);
 }
 
 int store_reaper_set_rate(Store *s, uint64_t bytes_per_sec) {
         if (bytes_per_sec > (uint64_t) INT64_MAX)
                 return -EINVAL;
-        return meta_set_int(s, "reaper_rate", (int64_t) bytes_per_sec);
+        return catalog_meta_set_int(s, "reaper_rate", (int64_t) bytes_per_sec);
 }
 
 /* Keeps a reaper within its rate, and stops it when it is paused. The
  * settings are read again every half second. */
-typedef struct Pace {
+struct Pace {
         Store *store;
         StoreReaperSettings settings;
         uint64_t checked_usec;
         uint64_t start_usec;
         uint64_t bytes;
+        /* What folds wrote: it counts against the rate, not as progress. */
+        uint64_t written;
         /* Progress: bytes freed of those the deleted subvolumes and dead
          * layers held at the start (an estimate: the sum of their layers'
          * counts). */
@@ -235,7 +208,7 @@ typedef struct Pace {
         void *userdata;
         uint64_t total;
         uint64_t progress_usec;
-} Pace;
+};
 
 #define PROGRESS_USEC (200 * 1000)
 
@@ -247,27 +220,52 @@ static int pace_start(Store *s, Pace *ret) {
         return store_reaper_settings(s, &ret->settings);
 }
 
-/* Called after freeing bytes: sleeps as the rate asks; -EAGAIN if paused. */
-static int pace_step(Pace *p, uint64_t bytes) {
-        uint64_t now = now_usec();
+static int pace_refresh(Pace *p, uint64_t now) {
+        int r;
 
-        if (now - p->checked_usec > PACE_CHECK_USEC) {
-                int r = store_reaper_settings(p->store, &p->settings);
-                if (r < 0)
-                        return r;
-                p->checked_usec = now;
-        }
+        if (now - p->checked_usec <= PACE_CHECK_USEC)
+                return 0;
+        r = store_reaper_settings(p->store, &p->settings);
+        if (r < 0)
+                return r;
+        p->checked_usec = now;
+        return 0;
+}
+
+/* Sleeps until the bytes freed and written so far are within the rate, a
+ * second at most at a time, so that a new rate or a pause is seen soon. */
+static void pace_throttle(Pace *p, uint64_t now) {
+        uint64_t due;
+
+        if (p->settings.rate_bytes_per_sec == 0)
+                return;
+        due = p->start_usec + (p->bytes + p->written) * 1000000 / p->settings.rate_bytes_per_sec;
+        if (due > now)
+                (void) usleep((useconds_t) MIN(due - now, (uint64_t) 1000000));
+}
+
+int pace_step(Pace *p, uint64_t bytes) {
+        uint64_t now = now_usec();
+        int r;
+
+        r = pace_refresh(p, now);
+        if (r < 0)
+                return r;
         if (p->settings.paused)
                 return -EAGAIN;
         p->bytes += bytes;
         if (p->progress && ratelimit_due(&p->progress_usec, PROGRESS_USEC, false))
                 p->progress(MIN(p->bytes, p->total), p->total, p->userdata);
-        if (p->settings.rate_bytes_per_sec > 0) {
-                uint64_t due = p->start_usec + p->bytes * 1000000 / p->settings.rate_bytes_per_sec;
-                if (due > now)
-                        (void) usleep((useconds_t) MIN(due - now, (uint64_t) 1000000));
-        }
+        pace_throttle(p, now);
         return 0;
+}
+
+void pace_wrote(Pace *p, uint64_t bytes) {
+        uint64_t now = now_usec();
+
+        (void) pace_refresh(p, now);
+        p->written += bytes;
+        pace_throttle(p, now);
 }
 
 /* ---- phases ---- */
@@ -686,7 +684,7 @@ int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, 
         if (r >= 0)
                 r = subvolume_locks_prune(s);
         if (r >= 0)
-                r = fold_layers(s, &stats);
+                r = fold_layers(s, &pace, &stats);
         if (r >= 0)
                 r = pace_step(&pace, 0);
         if (r >= 0)

@@ -104,6 +104,9 @@ uint64_t now_usec(void);
 uint64_t now_nsec(void);
 int uuid_generate_string(char ret[static 37]);
 int read_pid_file(int dir_fd, const char *name, pid_t *ret);
+/* Whether a process is gone, or dying (a zombie): it holds its locks
+ * until its last thread is gone. */
+bool process_is_exiting(pid_t pid);
 int write_pid_file(int fd, const char *suffix);
 
 /* ---- catalog.c ---- */
@@ -138,6 +141,19 @@ int catalog_set_readonly(Store *s, const SubvolumeRecord *rec, bool readonly);
 /* Adds a layer above parent (0: a bottom layer) in the caller's transaction,
  * if any; the catalog lock is the caller's. */
 int catalog_new_layer(Store *s, uint64_t parent, uint64_t *ret);
+
+/* The catalog's settings and marks (the meta table), as integers; a key
+ * that is not there reads 0. */
+int catalog_meta_get_int(Store *s, const char *key, int64_t *ret);
+int catalog_meta_set_int(Store *s, const char *key, int64_t value);
+
+/* A fold's merged layer: its row, marked as the one being built by this
+ * process, in one transaction. The mark goes in the transaction that swaps
+ * the layer in (catalog_fold_done()). catalog_folding_layer() reads the
+ * mark: the layer and the pid of its builder, 0 and 0 for none. */
+int catalog_new_folding_layer(Store *s, uint64_t parent, uint64_t *ret);
+int catalog_fold_done(Store *s);
+int catalog_folding_layer(Store *s, uint64_t *ret_id, pid_t *ret_pid);
 
 /* The stack of a layer: ids from the layer itself (index 0) down to the
  * bottom. */
@@ -393,8 +409,17 @@ void space_update(Store *s);
 /* The bytes the reserve file holds now, 0 if it is given back. */
 uint64_t space_reserve_held(int dir_fd);
 
+/* ---- the pace of a reaper (reaper.c) ---- */
+typedef struct Pace Pace;
+/* Called after freeing bytes: counts them as progress, and sleeps as the
+ * rate asks. -EAGAIN if the reaper is paused. */
+int pace_step(Pace *p, uint64_t bytes);
+/* Called after writing bytes (a fold's merged layer): sleeps as the rate
+ * asks. Work written is kept, paused or not. */
+void pace_wrote(Pace *p, uint64_t bytes);
+
 /* ---- fold.c ---- */
-int fold_layers(Store *s, StoreReapStats *stats);
+int fold_layers(Store *s, Pace *pace, StoreReapStats *stats);
 
 /* ---- gc locking (reaper.c) ---- */
 /* Writers hold the shared GC lock while they have references to blocks that

@@ -43,6 +43,21 @@ int uuid_generate_string(char ret[static 37]) {
         return 0;
 }
 
+/* A process that is dying (or dead and not yet reaped) still holds its
+ * locks until its last thread is gone. */
+bool process_is_exiting(pid_t pid) {
+        _cleanup_fclose_ FILE *f = NULL;
+        char path[64], state = 0;
+
+        snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
+        f = fopen(path, "re");
+        if (!f)
+                return true;
+        if (fscanf(f, "%*d (%*[^)]) %c", &state) != 1)
+                return false;
+        return state == 'Z' || state == 'X';
+}
+
 int read_pid_file(int dir_fd, const char *name, pid_t *ret) {
         _cleanup_close_ int fd = -EBADF;
         char buf[32] = {};
@@ -825,6 +840,8 @@ finish:
 
 int store_space(Store *s, StoreSpace *ret) {
         _cleanup_free_ uint64_t *dead = NULL;
+        uint64_t folding = 0;
+        pid_t folder = 0;
         struct statvfs sv;
         size_t n_dead = 0;
         int r;
@@ -832,12 +849,23 @@ int store_space(Store *s, StoreSpace *ret) {
         *ret = (StoreSpace) {};
 
         r = catalog_dead_layers(s, &dead, &n_dead);
+        if (r >= 0)
+                r = catalog_folding_layer(s, &folding, &folder);
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n_dead; i++) {
                 _cleanup_sqlite_ sqlite3 *db = NULL;
                 LayerCounters lc = {};
 
+                /* A fold's merged layer repeats the rows of live layers: it
+                 * frees none of the blocks it counts. Being built, it is
+                 * about to be live; left by a fold that died, its own file
+                 * is what the next reap frees. */
+                if (dead[i] == folding) {
+                        if (folder <= 0 || process_is_exiting(folder))
+                                ret->reclaimable_bytes += layer_file_bytes(s, dead[i]);
+                        continue;
+                }
                 /* Not immutable: a layer the reaper is folding into is
                  * unreachable, and written, until the fold is done. */
                 if (layer_open(s, dead[i], LAYER_READ, &db) < 0)

@@ -11,20 +11,26 @@ layers that were never written (a snapshot freezes the origin's top even
 when it is still empty), above a layer that a live snapshot shares. (A
 fold of two such layers made a database with the counters of an empty
 subvolume: the origin showed 0 inodes, and its next new file took inode 2
-and with it the content of the file that had it.) Last, seeded random
-sequences of writes, snapshots, deletes and reaps, checked against a model
-after every reap.
+and with it the content of the file that had it.) usage counts nothing of
+the layer a fold is building as reclaimable, and of one a killed fold left,
+its file alone; a fold's writes count against the reaper's rate. Last,
+seeded random sequences of writes, snapshots, deletes and reaps, checked
+against a model after every reap.
 
   COWBOX_FOLD_SEED=N        replay one seed (printed by every run)
   COWBOX_FOLD_SEEDS=N       how many seeds (default 2)
   COWBOX_FOLD_STEPS=N       operations per seed (default 60)
 """
 
+import contextlib
 import hashlib
+import json
 import os
 import random
 import sqlite3
+import subprocess
 import sys
+import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -287,12 +293,106 @@ def test_random():
     t.check(folded > 0, f'seeds {seeds} folded no layer: nothing was tested')
 
 
+def layer_ids(store):
+    return {int(name[:-3]) for name in os.listdir(os.path.join(store.path, 'layers')) if name.endswith('.db')}
+
+
+def layer_file_bytes(store, layer):
+    """What the store counts of a layer's files: the database and its WAL."""
+    total = 0
+    for suffix in ('', '-wal'):
+        with contextlib.suppress(FileNotFoundError):
+            total += os.stat(os.path.join(store.path, 'layers', f'{layer}.db{suffix}')).st_blocks * 512
+    return total
+
+
+def make_foldable(store, round):
+    """A snapshot of x, deleted and reaped: x's frozen layer is left with a
+    single child, x's written top, for the next reap to fold."""
+    store.snapshot('x', f'gone{round}')
+    write_files(store, 'x', f'top{round}-', 3, 70 + round)
+    store.delete(f'gone{round}', reap=False)
+    store.reap()
+    t.check_equal(store.usage()['reclaimable_bytes'], 0, f'round {round}: reclaimable bytes before the fold')
+
+
+def start_slow_reap(store):
+    """A reaper at one byte a second: after a fold has built its merged
+    layer it sleeps a second, the layer written but not yet swapped in."""
+    store.run('reap', '--rate', '1')
+    return subprocess.Popen([t.tool(), '--store', store.path, '--json', 'reap', '--wait'],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def merged_layer(store, before):
+    """The layer a fold is building: one more than the layers before it,
+    all of which are still there."""
+    ids = layer_ids(store)
+    new = ids - before
+    return next(iter(new)) if len(new) == 1 and before <= ids else None
+
+
+def test_usage_during_fold():
+    """usage counts what a reap would free: nothing of the layer a fold is
+    building (it repeats rows of live layers and is about to be live
+    itself), and of one left by a fold that was killed, its file alone.
+    A fold's writes count against the reaper's rate."""
+    with t.Store('fold-usage') as store:
+        store.create('x')
+        write_files(store, 'x', 'f', 40, 60)
+        make_foldable(store, 0)
+        seen = state(store)
+
+        before = layer_ids(store)
+        reaper = start_slow_reap(store)
+        sampled = 0
+        try:
+            while reaper.poll() is None:
+                merged = merged_layer(store, before)
+                reclaimable = store.usage()['reclaimable_bytes']
+                if merged is not None and merged_layer(store, before) == merged:
+                    sampled += 1
+                t.check_equal(reclaimable, 0, f'reclaimable bytes while the reaper folds (layer {merged})')
+        finally:
+            out, err = reaper.communicate(timeout=60)
+        t.check_equal(reaper.returncode, 0, f'the slow reap: {err.decode(errors="replace")}')
+        t.check(json.loads(out)['layers_folded'] >= 1, f'the slow reap folded no layer: {out!r}')
+        t.check(sampled >= 3, f'usage ran {sampled} times while the merged layer was being built: '
+                'the fold did not wait for the rate')
+        t.check_equal(state(store), seen, 'subvolumes after the slow fold')
+
+        make_foldable(store, 1)
+        seen = state(store)
+        before = layer_ids(store)
+        reaper = start_slow_reap(store)
+        try:
+            merged = None
+            deadline = time.monotonic() + 60
+            while merged is None and reaper.poll() is None and time.monotonic() < deadline:
+                merged = merged_layer(store, before)
+                time.sleep(0.005)
+            t.check(merged is not None, 'the slow reap ended without building a merged layer')
+            reaper.kill()
+        finally:
+            reaper.communicate(timeout=60)
+        store.fsck()
+        t.check_equal(store.usage()['reclaimable_bytes'], layer_file_bytes(store, merged),
+                      f'reclaimable bytes with the merged layer {merged} of a killed fold: its file alone')
+        store.run('reap', '--rate', 'none')
+        t.check(store.json('reap', '--wait')['layers_folded'] >= 1, 'the reap after the killed fold folded nothing')
+        t.check_equal(store.usage()['reclaimable_bytes'], 0, 'reclaimable bytes after the fold was done again')
+        t.check(merged not in layer_ids(store), f'the layer {merged} of the killed fold is still there after a reap')
+        t.check_equal(state(store), seen, 'subvolumes after the fold that was killed and done again')
+        store.fsck()
+
+
 def run():
     t.require_fuse()
     sub = t.Subtests()
     sub.run('never-written layers above a shared one', test_unwritten_above_shared)
     sub.run('written layers between snapshots', test_written_between)
     sub.run('fsck repairs a next inode number that is taken', test_fsck_next_ino)
+    sub.run('usage during a fold, and after one was killed', test_usage_during_fold)
     sub.run('random writes, snapshots, deletes and reaps', test_random)
     sub.check()
 
