@@ -438,6 +438,10 @@ static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (r == -EAGAIN)
                 return report_failure("the reaper of %s is paused; resume it with '" PROGRAM_NAME " reap --resume'",
                                       store_path(store));
+        if (r == -EBUSY)
+                return report_failure("cannot reap %s: another process kept its catalog or a layer's database "
+                                      "locked for too long; what was freed stays freed, try again",
+                                      store_path(store));
         if (r < 0)
                 return report_failure("cannot reap %s: %s", store_path(store), error_text(r));
 

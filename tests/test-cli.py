@@ -7,6 +7,7 @@ exit status for every misuse. No FUSE needed."""
 import fcntl
 import os
 import re
+import sqlite3
 import sys
 
 sys.dont_write_bytecode = True
@@ -182,6 +183,23 @@ def test_maintenance(store):
     store.fsck(repair=True)
 
 
+def test_reap_busy(store):
+    """A reap that cannot get at the catalog (another process writes to it
+    for longer than the store waits, 30 s) fails with a sentence that says
+    so, and the next reap does the work."""
+    store.create('busy')
+    store.delete('busy', reap=False)
+    holder = sqlite3.connect(os.path.join(store.path, 'catalog.db'), timeout=10, isolation_level=None)
+    try:
+        holder.execute('BEGIN IMMEDIATE')
+        r = store.run('reap', '--wait', expect='fail', timeout=120)
+        t.check('kept its catalog or a layer' in r.err and 'try again' in r.err,
+                f'reap with the catalog locked by another process:\n{r.describe()}')
+    finally:
+        holder.close()
+    t.check_equal(store.json('reap', '--wait')['subvolumes_forgotten'], 1, 'the reap after the lock went')
+
+
 def check_progress_on_terminal(store, args, label, summary):
     """Runs the command with standard error on a terminal: it succeeds, its
     progress line ("label: N MiB of N MiB (P%)", label a pattern) reaches
@@ -289,6 +307,7 @@ def run():
         sub.run('misuse', test_misuse, store)
         sub.run('json', test_json, store)
         sub.run('reap, scrub, fsck', test_maintenance, store)
+        sub.run('reap while the catalog is locked', test_reap_busy, store)
         sub.run('progress on a terminal', test_progress, store)
         sub.run('lock files of forgotten subvolumes', test_lock_files_pruned, store)
         sub.run('help', test_help, store)
