@@ -650,6 +650,66 @@ static void fsck_advance(Fsck *f, uint64_t bytes) {
                 f->progress(MIN(f->done, f->total), f->total, f->userdata);
 }
 
+/* Progress inside one long step of fsck (a layer's check, a tree's walk):
+ * SQLite calls back every few thousand of its steps, and the share of the
+ * step done is taken to be what the step's databases read from the disk
+ * so far (their page cache misses) over how many times the step reads
+ * them through. A guess that moves, never past the step's own bytes; the
+ * step's end counts them exactly. */
+typedef struct FsckStep {
+        Fsck *fsck;
+        sqlite3 *const *dbs;
+        size_t n_dbs;
+        uint64_t bytes;
+        unsigned passes;
+        uint64_t page_size;
+        bool installed;
+} FsckStep;
+
+#define FSCK_STEP_TICK 50000
+
+static int fsck_step_tick(void *userdata) {
+        FsckStep *step = userdata;
+        Fsck *f = step->fsck;
+        uint64_t read = 0;
+
+        if (!ratelimit_due(&f->progress_usec, SCRUB_PROGRESS_USEC, false))
+                return 0;
+        for (size_t i = 0; i < step->n_dbs; i++) {
+                int misses = 0, highest = 0;
+
+                if (step->dbs[i] &&
+                    sqlite3_db_status(step->dbs[i], SQLITE_DBSTATUS_CACHE_MISS, &misses, &highest, false) == SQLITE_OK)
+                        read += (uint64_t) misses * step->page_size;
+        }
+        f->progress(MIN(f->done + MIN(read / step->passes, step->bytes), f->total), f->total, f->userdata);
+        return 0;       /* go on */
+}
+
+static void fsck_step_begin(FsckStep *step, Fsck *f, sqlite3 *const *dbs, size_t n_dbs, uint64_t bytes,
+                            unsigned passes) {
+        int64_t page_size = 0;
+
+        *step = (FsckStep) { .fsck = f, .dbs = dbs, .n_dbs = n_dbs, .bytes = bytes, .passes = passes };
+        /* An armed fault injection has the handler of every connection. */
+        if (!f->progress || sqlite_fault_left() > 0)
+                return;
+        step->installed = true;
+        for (size_t i = 0; i < n_dbs; i++) {
+                if (!dbs[i])
+                        continue;
+                if (step->page_size == 0 && sqlite_query_int(dbs[i], "PRAGMA page_size", &page_size) >= 0)
+                        step->page_size = (uint64_t) MAX(page_size, (int64_t) 0);
+                sqlite3_progress_handler(dbs[i], FSCK_STEP_TICK, fsck_step_tick, step);
+        }
+}
+
+static void fsck_step_end(FsckStep *step) {
+        for (size_t i = 0; step->installed && i < step->n_dbs; i++)
+                if (step->dbs[i])
+                        sqlite3_progress_handler(step->dbs[i], 0, NULL, NULL);
+}
+
 /* What a walk of the subvolume reads: its layers' databases. */
 static int stack_bytes(Store *s, const SubvolumeRecord *rec, uint64_t *ret) {
         _cleanup_free_ uint64_t *ids = NULL;
@@ -712,8 +772,9 @@ static int check_integrity(Fsck *f, sqlite3 *db, const char *what) {
 
 /* The layer's block set must be what its extents reference, each block in
  * the index; every record must pass its checksum. */
-static int check_layer_blocks(Fsck *f, uint64_t id) {
+static int check_layer_blocks(Fsck *f, uint64_t id, uint64_t bytes) {
         _cleanup_sqlite_ sqlite3 *db = NULL;
+        _cleanup_(fsck_step_end) FsckStep step = {};
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         char what[64];
         int64_t mismatched = 0, damaged = 0;
@@ -727,6 +788,8 @@ static int check_layer_blocks(Fsck *f, uint64_t id) {
         r = layer_open(f->store, id, LAYER_READ, &db);
         if (r < 0)
                 return r;
+        /* quick_check, the record checks, the counts, the references. */
+        fsck_step_begin(&step, f, &db, 1, bytes, 4);
         snprintf(what, sizeof what, "layer %" PRIu64, id);
         r = check_integrity(f, db, what);
         if (r < 0)
@@ -1057,8 +1120,9 @@ static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) 
 }
 
 /* Every visible entry of the subvolume names an inode that exists. */
-static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
+static int check_subvolume(Fsck *f, const SubvolumeRecord *rec, uint64_t bytes) {
         _cleanup_(stack_done) Stack st = {};
+        _cleanup_(fsck_step_end) FsckStep step = {};
         StackLayers layers;
         int r, unrepaired = f->unrepaired;
 
@@ -1069,6 +1133,8 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec) {
         }
         if (r < 0)
                 return r;
+        /* The census of the counters' check, then the walk. */
+        fsck_step_begin(&step, f, st.dbs, st.n, bytes, 2);
         r = stack_layers(&st, &layers);
         if (r < 0)
                 return r;
@@ -1167,13 +1233,13 @@ static int fsck_all(Fsck *f, const SubvolumeRecord *recs, size_t n) {
         }
         fsck_advance(f, catalog_bytes);
         for (size_t i = 0; i < n_layers; i++) {
-                r = check_layer_blocks(f, layers[i]);
+                r = check_layer_blocks(f, layers[i], layer_bytes[i]);
                 if (r < 0)
                         return r;
                 fsck_advance(f, layer_bytes[i]);
         }
         for (size_t i = 0; i < n; i++) {
-                r = check_subvolume(f, &recs[i]);
+                r = check_subvolume(f, &recs[i], walk_bytes[i]);
                 if (r < 0)
                         return r;
                 fsck_advance(f, walk_bytes[i]);
