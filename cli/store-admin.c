@@ -351,6 +351,7 @@ static const Field reap_fields[] = {
 static const Field reaper_settings_fields[] = {
         FIELD("Reaper paused", "paused", FIELD_BOOL, StoreReaperSettings, paused),
         FIELD("Reaper rate limit per second", "rate_bytes_per_sec", FIELD_LIMIT, StoreReaperSettings, rate_bytes_per_sec),
+        FIELD("Rate lifted (disk nearly full)", "hurried", FIELD_BOOL, StoreReaperSettings, hurried),
         {}
 };
 

@@ -154,11 +154,11 @@ void manager_job_finished(Manager *m, Job *j) {
 #define SPACE_WATCH_USEC (2 * 1000 * 1000)
 #define RECOVER_TICKS 30
 
-/* Below the low mark of free space, the reaper's rate bound is lifted and
- * a reap started; at the high mark (or with nothing left to free), the
- * bound comes back. */
+/* Below the low mark of free space, the reapers are hurried (their rate
+ * bound lifted) and a reap started; at the high mark (or with nothing left
+ * to free), the hurry ends. It is renewed at every look: should the daemon
+ * die meanwhile, it ends by itself, and the rate set was never touched. */
 static void watch_space(Manager *m) {
-        StoreReaperSettings settings;
         StoreSpace u;
         unsigned free_percent;
 
@@ -168,21 +168,18 @@ static void watch_space(Manager *m) {
                         manager_reap_soon(m);
         }
 
-        if (store_space(m->store, &u) < 0 || u.fs_total_bytes == 0 ||
-            store_reaper_settings(m->store, &settings) < 0)
+        if (store_space(m->store, &u) < 0 || u.fs_total_bytes == 0)
                 return;
         free_percent = (unsigned) (u.fs_free_bytes * 100 / u.fs_total_bytes);
         if (free_percent < m->low_mark && u.reclaimable_bytes > 0) {
-                if (!m->urgent) {
-                        m->urgent = true;
-                        m->saved_rate = settings.rate_bytes_per_sec;
-                        (void) store_reaper_set_rate(m->store, 0);
-                }
+                m->urgent = true;
                 manager_reap_soon(m);
         } else if (m->urgent && (free_percent >= m->high_mark || u.reclaimable_bytes == 0)) {
                 m->urgent = false;
-                (void) store_reaper_set_rate(m->store, m->saved_rate);
+                (void) store_reaper_hurry(m->store, false);
         }
+        if (m->urgent)
+                (void) store_reaper_hurry(m->store, true);
 }
 
 static int on_space_watch(sd_event_source *s, uint64_t usec, void *userdata) {

@@ -83,7 +83,6 @@ struct Manager {
          * reaper works at full speed until the high mark is reached. */
         unsigned low_mark, high_mark;
         bool urgent;
-        uint64_t saved_rate;
 
         /* Ticks of the space watch that look again for what receives of a
          * daemon that died left: its workers may outlive it for a moment. */

@@ -169,16 +169,30 @@ static int digest_set_add(DigestSet *set, const Digest *d) {
 /* ---- settings, and the pace of a reaper ---- */
 
 int store_reaper_settings(Store *s, StoreReaperSettings *ret) {
-        int64_t paused = 0, rate = 0;
+        int64_t paused = 0, rate = 0, hurry_until = 0;
+        uint64_t now = now_usec();
         int r;
 
         r = catalog_meta_get_int(s, "reaper_paused", &paused);
         if (r >= 0)
                 r = catalog_meta_get_int(s, "reaper_rate", &rate);
+        if (r >= 0)
+                r = catalog_meta_get_int(s, "reaper_hurry_until", &hurry_until);
         if (r < 0)
                 return r;
-        *ret = (StoreReaperSettings) { .paused = paused != 0, .rate_bytes_per_sec = (uint64_t) MAX(rate, 0) };
+        *ret = (StoreReaperSettings) {
+                .paused = paused != 0,
+                .rate_bytes_per_sec = (uint64_t) MAX(rate, 0),
+                /* Wall clock time, which every process reads alike; a
+                 * clock that jumps ends a hurry early, never late. */
+                .hurried = hurry_until > 0 && (uint64_t) hurry_until > now &&
+                           (uint64_t) hurry_until - now <= STORE_REAPER_HURRY_USEC,
+        };
         return 0;
+}
+
+int store_reaper_hurry(Store *s, bool hurry) {
+        return catalog_meta_set_int(s, "reaper_hurry_until", hurry ? (int64_t) (now_usec() + STORE_REAPER_HURRY_USEC) : 0);
 }
 
 int store_reaper_set_paused(Store *s, bool paused) {
@@ -237,7 +251,7 @@ static int pace_refresh(Pace *p, uint64_t now) {
 static void pace_throttle(Pace *p, uint64_t now) {
         uint64_t due;
 
-        if (p->settings.rate_bytes_per_sec == 0)
+        if (p->settings.rate_bytes_per_sec == 0 || p->settings.hurried)
                 return;
         due = p->start_usec + (p->bytes + p->written) * 1000000 / p->settings.rate_bytes_per_sec;
         if (due > now)

@@ -189,15 +189,24 @@ int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, 
  * reapers stop at their next step and new ones do not start (-EAGAIN);
  * deleted subvolumes wait. The rate bounds the bytes a reaper frees per
  * second (0: no bound), so that it never floods the disk that serves the
- * foreground. */
+ * foreground. In a hurry (free space is short), reapers ignore the rate. */
 typedef struct StoreReaperSettings {
         bool paused;
         uint64_t rate_bytes_per_sec;
+        bool hurried;
 } StoreReaperSettings;
 
 int store_reaper_settings(Store *s, StoreReaperSettings *ret);
 int store_reaper_set_paused(Store *s, bool paused);
 int store_reaper_set_rate(Store *s, uint64_t bytes_per_sec);
+
+/* How long a hurry lasts unless it is asked for again: the process that
+ * watches the free space asks at every look, and a hurry whose watcher
+ * died ends by itself, the rate never changed. */
+#define STORE_REAPER_HURRY_USEC (10 * 1000 * 1000)
+
+/* Starts or renews a hurry (for STORE_REAPER_HURRY_USEC), or ends it. */
+int store_reaper_hurry(Store *s, bool hurry);
 
 /* Starts a detached reaper process for this store and returns at once;
  * what it has to say goes to the store's log. */

@@ -239,9 +239,17 @@ def check_crash_while_reaping(bus, daemon, store):
     store.fsck()
 
 
+def reaper_settings(store):
+    """The reapers' settings, as `reap --pause` prints them (the reapers are
+    paused already where this is used)."""
+    return store.json('reap', '--pause')
+
+
 def check_reaper_marks(store):
     """With less free space than the low mark, the reaper's rate bound is
-    lifted until the space is back; the reaper runs at a low I/O weight."""
+    lifted until the space is back; the reaper runs at a low I/O weight.
+    kill -9 of the daemon in such a hurry leaves the rate that was set, and
+    the hurry ends by itself."""
     with d.bus_and_daemon(store, args=['--reap-low-mark', '100', '--reap-high-mark', '100']) as (bus, daemon):
         store.run('reap', '--rate', '1')     # a byte a second: it would take forever
         for i in range(2):
@@ -249,6 +257,14 @@ def check_reaper_marks(store):
         store.run('reap', '--pause')
         for i in range(2):
             d.cowbox(bus, 'image', 'rm', f'marks{i}')
+        d.wait_for('the daemon to hurry the reapers', lambda: reaper_settings(store)['hurried'])
+        t.check(d.gdbus_json(bus, 'GetStatus')['reaper']['urgent'], 'GetStatus says the reaper is in a hurry')
+        daemon.kill(signal.SIGKILL)
+        t.check_equal(reaper_settings(store)['rate_bytes_per_sec'], 1,
+                      'the rate set, after kill -9 of the daemon that hurried the reapers')
+        d.wait_for('the hurry of the killed daemon to end by itself',
+                   lambda: not reaper_settings(store)['hurried'], timeout=30)
+        daemon.start()
         store.run('reap', '--resume')
         d.wait_for('the reaper to free the space below the low mark',
                    lambda: store.usage()['reclaimable_bytes'] == 0, timeout=60)
