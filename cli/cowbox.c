@@ -339,8 +339,9 @@ static void print_status(json_t *v) {
         printf("Stored:             %s\n", human_bytes(num(u, "stored_bytes"), a));
         printf("Free on disk:       %s of %s\n", human_bytes(num(u, "fs_free_bytes"), a),
                human_bytes(num(u, "fs_total_bytes"), b));
-        printf("Reaper backlog:     %s%s\n", human_bytes(num(reaper, "backlog_bytes"), a),
-               json_is_true(json_object_get(reaper, "paused")) ? " (paused)" : "");
+        printf("Reaper backlog:     %s%s%s\n", human_bytes(num(reaper, "backlog_bytes"), a),
+               json_is_true(json_object_get(reaper, "paused")) ? " (paused)" : "",
+               json_is_true(json_object_get(reaper, "urgent")) ? " (in a hurry: free space is below the low mark)" : "");
         printf("Corruption events:  %" PRIu64 "\n", num(u, "corruption_events"));
         printf("Jobs:               %zu\n", json_array_size(json_object_get(v, "jobs")));
 }

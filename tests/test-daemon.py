@@ -259,6 +259,9 @@ def check_reaper_marks(store):
             d.cowbox(bus, 'image', 'rm', f'marks{i}')
         d.wait_for('the daemon to hurry the reapers', lambda: reaper_settings(store)['hurried'])
         t.check(d.gdbus_json(bus, 'GetStatus')['reaper']['urgent'], 'GetStatus says the reaper is in a hurry')
+        status = d.cowbox(bus, 'status').out
+        t.check(re.search(r'^Reaper backlog: +[0-9.]+ (B|[KMGT]iB) \(paused\) \(in a hurry: ', status, re.M),
+                f'cowbox status of a paused reaper in a hurry:\n{status}')
         daemon.kill(signal.SIGKILL)
         t.check_equal(reaper_settings(store)['rate_bytes_per_sec'], 1,
                       'the rate set, after kill -9 of the daemon that hurried the reapers')
@@ -271,6 +274,8 @@ def check_reaper_marks(store):
         d.wait_for('the rate bound to come back', lambda: not d.gdbus_json(bus, 'GetStatus')['reaper']['urgent'])
         status = d.gdbus_json(bus, 'GetStatus')['reaper']
         t.check_equal(status['rate_bytes_per_sec'], 1, 'the reaper\'s rate once the space is back')
+        status = d.cowbox(bus, 'status').out
+        t.check(re.search(r'^Reaper backlog: +0 B$', status, re.M), f'cowbox status once the space is back:\n{status}')
         r = json.loads(d.cowbox(bus, '--json', 'reap').out)
         t.check_equal(r['io_weight'], 10, 'the reaper\'s I/O weight')
         print(f'reaper cgroup: weight 10, not applied: {r["not_applied"]}', flush=True)
