@@ -141,7 +141,7 @@ def run():
                 f"reclaimable bytes while paused: {usage['reclaimable_bytes']}, expected at least {2 * DATA}")
 
         settings = store.json('reap', '--resume', '--rate', '2M')
-        t.check_equal(settings, {'paused': False, 'rate_bytes_per_sec': RATE}, 'reaper settings')
+        t.check_equal(settings, {'paused': False, 'rate_bytes_per_sec': RATE, 'hurried': False}, 'reaper settings')
         start = time.monotonic()
         store.run('reap', '--wait', timeout=120)
         seconds = time.monotonic() - start
