@@ -375,6 +375,23 @@ static void print_reap(json_t *v) {
                num(v, "layers_folded"));
 }
 
+static void print_job_table(json_t *list) {
+        size_t i;
+        json_t *v;
+
+        printf("%-6s %-10s %-10s %-32s %s\n", "ID", "TYPE", "STATE", "PROGRESS", "TARGET");
+        json_array_foreach(list, i, v) {
+                uint64_t done = num(v, "bytes_done"), total = num(v, "bytes_total");
+                char progress[96] = "-", a[32], b[32];
+
+                if (total > 0)
+                        snprintf(progress, sizeof progress, "%s of %s (%u%%)", human_bytes(done, a),
+                                 human_bytes(total, b), (unsigned) (MIN(done, total) * 100 / total));
+                printf("%-6" PRIu64 " %-10s %-10s %-32s %s\n", num(v, "id"), str(v, "type"), str(v, "state"),
+                       progress, str(v, "target"));
+        }
+}
+
 static void print_nothing(json_t *v) {
 }
 
@@ -1087,7 +1104,7 @@ static int dispatch(int argc, char *argv[]) {
         if (streq(noun, "status"))
                 return verb_simple(argc, argv, 0, "status") ?: call_json("GetStatus", print_status, NULL);
         if (streq(noun, "jobs"))
-                return verb_simple(argc, argv, 0, "jobs") ?: call_json("ListJobs", NULL, NULL);
+                return verb_simple(argc, argv, 0, "jobs") ?: call_json("ListJobs", print_job_table, NULL);
         if (streq(noun, "scrub"))
                 return verb_simple(argc, argv, 0, "scrub") ?: verb_scrub();
         if (streq(noun, "reap"))

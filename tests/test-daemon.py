@@ -79,6 +79,31 @@ def check_standard_clients(bus, store):
             f'dbus-send GetStatus:\n{r.out}')
 
 
+def table_rows(text, header):
+    """The rows of a table the client printed, split on runs of spaces,
+    after checking its header."""
+    lines = text.splitlines()
+    t.check(lines and lines[0].split() == header, f'a table with the columns {header}:\n{text}')
+    return [line.split() for line in lines[1:]]
+
+
+def check_client_tables(bus):
+    """What `cowbox` prints for people: each subvolume once, in a row of
+    its own with the right columns; one subvolume's fields; the status."""
+    rows = table_rows(d.cowbox(bus, 'list').out, ['NAME', 'READ-ONLY', 'LOGICAL', 'STORED', 'EXCLUSIVE'])
+    t.check_equal(sorted((r[0], r[1]) for r in rows), [('base', 'yes'), ('base-v2', 'yes'), ('task', 'no')],
+                  'names and read-only of cowbox list')
+    rows = table_rows(d.cowbox(bus, 'image', 'list').out, ['NAME', 'READ-ONLY', 'LOGICAL', 'STORED', 'EXCLUSIVE'])
+    t.check_equal(sorted(r[0] for r in rows), ['base', 'base-v2'], 'names of cowbox image list')
+    show = d.cowbox(bus, 'show', 'base-v2').out
+    info = d.gdbus_json(bus, 'GetSubvolume', 'base-v2')
+    for field, value in (('Name', 'base-v2'), ('UUID', info['uuid']), ('Read-only', 'yes'),
+                         ('Inodes', str(info['inodes']))):
+        t.check(re.search(rf'^{field}: +{re.escape(value)}$', show, re.M), f'{field} in cowbox show:\n{show}')
+    status = d.cowbox(bus, 'status').out
+    t.check(re.search(r'^Subvolumes: +3$', status, re.M), f'the subvolumes counted by cowbox status:\n{status}')
+
+
 def check_jobs_and_objects(bus, store):
     # Signals, watched the way any client would.
     monitor_log = os.path.join(store.tmp, 'signals')
@@ -111,6 +136,8 @@ def check_jobs_and_objects(bus, store):
         path = re.search(r"'(/org/cowbox1/subvolume/[^']+)'", r.out).group(1)
         t.check_equal(path, '/org/cowbox1/subvolume/snap_2dof_2dtask', 'the escaped object path of a name')
         d.gdbus_call(bus, 'Delete', path=path, interface='org.cowbox1.Subvolume')
+
+        check_client_tables(bus)
 
         # Send, scrub and reap jobs through the client.
         out = os.path.join(store.tmp, 'sent.stream')
@@ -180,9 +207,12 @@ def check_cancel_and_crash(bus, daemon, store):
     deadline = time.monotonic() + 20
     jobs = []
     while not jobs and time.monotonic() < deadline:
-        jobs = [j for j in json.loads(d.cowbox(bus, 'jobs').out) if j['type'] == 'receive']
+        jobs = [j for j in json.loads(d.cowbox(bus, '--json', 'jobs').out) if j['type'] == 'receive']
         time.sleep(0.1)
     t.check(jobs, 'the receive shows as a job')
+    rows = table_rows(d.cowbox(bus, 'jobs').out, ['ID', 'TYPE', 'STATE', 'PROGRESS', 'TARGET'])
+    t.check([str(jobs[0]['id']), 'receive', 'stuck'] in [r[:2] + r[-1:] for r in rows],
+            f'the receive in the table of cowbox jobs: {rows}')
     d.cowbox(bus, 'cancel', str(jobs[0]['id']))
     _, err = client.communicate(timeout=30)
     t.check(client.returncode == 1 and 'cancelled' in err,

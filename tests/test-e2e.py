@@ -77,7 +77,7 @@ def run():
             client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
                                       env=dict(os.environ, **bus.env), stderr=subprocess.PIPE, text=True)
             def run_jobs():
-                return [j for j in json.loads(d.cowbox(bus, 'jobs').out) if j['type'] == 'run']
+                return [j for j in json.loads(d.cowbox(bus, '--json', 'jobs').out) if j['type'] == 'run']
 
             d.wait_for('the task to start', run_jobs)
             job = run_jobs()[0]
