@@ -947,6 +947,51 @@ static int verb_sandbox_wait(const char *name) {
         return r;
 }
 
+/* One sandbox of the daemon's list, printed as show prints it. */
+static int verb_sandbox_show(const char *name) {
+        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_message_ sd_bus_message *reply = NULL;
+        _cleanup_bus_ sd_bus *bus = NULL;
+        json_t *list, *v, *found = NULL;
+        const char *text;
+        size_t i;
+        int r;
+
+        r = connect_bus(&bus);
+        if (r != 0)
+                return r;
+        r = sd_bus_call_method(bus, API_SERVICE, API_MANAGER_PATH, API_MANAGER_INTERFACE, "ListSandboxes", &error,
+                               &reply, NULL);
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "s", &text);
+        if (r < 0)
+                return bus_failure("ListSandboxes", r, &error);
+        list = json_loads(text, 0, NULL);
+        if (!json_is_array(list)) {
+                json_decref(list);
+                return fail("the daemon sent malformed JSON");
+        }
+        json_array_foreach(list, i, v) {
+                const char *n = json_string_value(json_object_get(v, "name"));
+
+                if (n && streq(n, name)) {
+                        found = v;
+                        break;
+                }
+        }
+        if (!found) {
+                json_decref(list);
+                return fail("there is no sandbox '%s'; 'sandbox list' lists them", name);
+        }
+        if (arg_json) {
+                json_dumpf(found, stdout, JSON_INDENT(2));
+                putchar('\n');
+        } else
+                print_sandbox(found);
+        json_decref(list);
+        return EXIT_SUCCESS;
+}
+
 static int verb_sandbox(int argc, char *argv[]) {
         const char *verb = argc > 1 ? argv[1] : "";
 
@@ -956,6 +1001,8 @@ static int verb_sandbox(int argc, char *argv[]) {
         if (streq(verb, "list"))
                 return verb_simple(argc, argv, 0, "sandbox list") ?:
                        call_json("ListSandboxes", print_sandbox_table, NULL);
+        if (streq(verb, "show"))
+                return verb_simple(argc, argv, 1, "sandbox show NAME") ?: verb_sandbox_show(argv[1]);
         if (streq(verb, "start")) {
                 if (verb_simple(argc, argv, 1, "sandbox start NAME"))
                         return EXIT_USAGE;
@@ -1000,7 +1047,8 @@ static void help(void) {
                "\n"
                "Images (read-only subvolumes, from btrfs send streams):\n"
                "  image receive [-f FILE] [NAME]    receive a stream (file or standard input)\n"
-               "  image send [-p PARENT] [-f FILE] [--proto 1|2] [--compressed-data] [--zstd] IMAGE\n"
+               "  image send [-p PARENT] [-f FILE] [--proto 1|2] [--compressed-data]\n"
+               "             [--zstd] IMAGE\n"
                "                                    write a stream (file or standard output)\n"
                "  image list                        list the images\n"
                "  image show NAME                   show one image\n"
@@ -1014,11 +1062,13 @@ static void help(void) {
                "  rm NAME                           delete a subvolume (the reaper frees it)\n"
                "\n"
                "Tasks:\n"
-               "  run [--workdir PATH] [--keep] [--timeout SECONDS] [--memory-max SIZE] [--pids-max N]\n"
-               "      [--cpu PERCENT] [--io-read-bps SIZE] [--io-write-bps SIZE] [--io-weight N]\n"
-               "      [--io-latency-us N] [--name NAME] IMAGE -- COMMAND [ARG...]\n"
-               "                                    snapshot IMAGE, run COMMAND in a sandbox in it,\n"
-               "                                    report, delete the snapshot; exits with its status\n"
+               "  run [--workdir PATH] [--keep] [--timeout SECONDS] [--memory-max SIZE]\n"
+               "      [--pids-max N] [--cpu PERCENT] [--io-read-bps SIZE] [--io-write-bps SIZE]\n"
+               "      [--io-weight N] [--io-latency-us N] [--name NAME]\n"
+               "      IMAGE -- COMMAND [ARG...]\n"
+               "                                    snapshot IMAGE, run COMMAND in a sandbox\n"
+               "                                    in it, report, delete the snapshot; exit\n"
+               "                                    with the command's status\n"
                "\n"
                "Sandboxes (a snapshot, a command and its limits, run when asked):\n"
                "  sandbox create NAME --image IMAGE [LIMITS as for run] -- COMMAND [ARG...]\n"
@@ -1027,19 +1077,21 @@ static void help(void) {
                "  sandbox kill NAME                 kill its task\n"
                "  sandbox rm NAME                   delete it with its snapshot\n"
                "  sandbox list                      list them with their state\n"
+               "  sandbox show NAME                 show one: its command, state and last exit\n"
                "\n"
                "Workspaces (a developer's writable snapshot of an image, mounted, limited):\n"
-               "  workspace create NAME --image IMAGE [--owner USER] [--limit SIZE] [--path PATH]\n"
+               "  workspace create NAME --image IMAGE [--owner USER] [--limit SIZE]\n"
+               "                   [--path PATH]\n"
                "  workspace list | show NAME         list them, or show one with its space\n"
                "  workspace checkpoint NAME [LABEL]  a read-only snapshot to go back to\n"
                "  workspace checkpoints NAME         list the checkpoints\n"
-               "  workspace restore NAME LABEL       go back to a checkpoint (what came after is gone)\n"
+               "  workspace restore NAME LABEL       return to a checkpoint (later work is lost)\n"
                "  workspace set-limit NAME SIZE      change the limit (e.g. 20G, or none)\n"
                "  workspace rm NAME                  unmount and remove it with its checkpoints\n"
                "\n"
                "The store:\n"
                "  status                            space, reaper backlog, corruption, jobs\n"
-               "  scrub                             verify every block (exit status 1 if damaged)\n"
+               "  scrub                             verify every block (exit 1 if any damaged)\n"
                "  reap                              free what deleted subvolumes held, now\n"
                "  jobs                              list running jobs\n"
                "  cancel ID                         cancel a job\n"

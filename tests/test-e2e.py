@@ -10,6 +10,7 @@ back to where it started."""
 import concurrent.futures
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -132,8 +133,18 @@ def run():
             daemon.start()
             states = {b['name']: b['state'] for b in json.loads(d.cowbox(bus, '--json', 'sandbox', 'list').out)}
             t.check_equal(states, {'patch-a': 'exited', 'patch-b': 'failed'}, 'sandboxes after kill -9 of the daemon')
+            lines = d.cowbox(bus, 'sandbox', 'list').out.splitlines()
+            t.check_equal(lines[0].split(), ['NAME', 'STATE', 'IMAGE', 'EXIT'], 'the header of cowbox sandbox list')
+            t.check_equal(sorted(line.split()[:3] for line in lines[1:]),
+                          [['patch-a', 'exited', 'checkout'], ['patch-b', 'failed', 'checkout']],
+                          'the rows of cowbox sandbox list')
+            shown = d.cowbox(bus, 'sandbox', 'show', 'patch-a').out
+            for pattern in (r'^State: +exited$', r'^Image: +checkout$', r'^Command: +/probe mark a$', r'^Exit: +0$'):
+                t.check(re.search(pattern, shown, re.M), f'{pattern} in cowbox sandbox show:\n{shown}')
             for name in ('patch-a', 'patch-b'):
                 d.cowbox(bus, 'sandbox', 'rm', name)
+            r = d.cowbox(bus, 'sandbox', 'show', 'patch-a', expect=1)
+            t.check("no sandbox 'patch-a'" in r.err, f'cowbox sandbox show of a removed sandbox:\n{r.err}')
             d.wait_for('the sandboxes to leave nothing', lambda: no_sandboxes_left(store) and not any(
                 n.startswith('sbx-') for n in store.names()))
 

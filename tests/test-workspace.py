@@ -8,6 +8,7 @@ the workspace mounted again with its data after a restart of the daemon
 and after its mount went away (as after a reboot)."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -118,6 +119,20 @@ def check_disk_full():
                 monitor.wait()
 
 
+def check_workspace_text(bus, dev, path):
+    """What the client prints for people of a workspace near its limit:
+    its fields, and its row in the list."""
+    shown = d.cowbox(bus, 'workspace', 'show', 'dev', user=dev).out
+    for pattern in (r'^Name: +dev$', r'^State: +mounted, (full|near its limit)$', rf'^Path: +{re.escape(path)}$',
+                    rf'^Owner: +cowbox-test-dev \({dev[0]}\)$', r'^Image: +src-main$', r'^Limit: +8\.0 MiB$'):
+        t.check(re.search(pattern, shown, re.M), f'{pattern} in cowbox workspace show:\n{shown}')
+    lines = d.cowbox(bus, 'workspace', 'list').out.splitlines()
+    t.check_equal(lines[0].split(), ['NAME', 'STATE', 'OWNER', 'LOGICAL', 'LIMIT', 'PATH'], 'workspace list header')
+    rows = [line.split() for line in lines[1:]]
+    t.check([r[:3] + r[-3:] for r in rows] == [['dev', 'mounted', 'cowbox-test-dev', '8.0', 'MiB', path]],
+            f'the rows of cowbox workspace list: {rows}')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -147,8 +162,10 @@ def run():
                 git(bus, dev, path, 'commit', '-q', '-m', 'first')
                 git(bus, dev, path, 'fsck', '--strict')
                 d.cowbox(bus, 'workspace', 'checkpoint', 'dev', 'good', user=dev)
-                t.check('good' in d.cowbox(bus, 'workspace', 'checkpoints', 'dev', user=dev).out,
-                        'the checkpoint is listed')
+                listed = d.cowbox(bus, 'workspace', 'checkpoints', 'dev', user=dev).out.splitlines()
+                t.check(listed[0].split() == ['LABEL', 'CREATED', 'EXCLUSIVE'] and
+                        [line.split()[0] for line in listed[1:]] == ['good'],
+                        f'the checkpoint is listed: {listed}')
 
                 # Damage, then go back.
                 as_user(bus, dev, 'sh', '-c', f'rm -rf {path}/.git/objects/* && echo garbage > {path}/README')
@@ -188,6 +205,7 @@ def run():
                 d.wait_for('the warning signal', lambda: 'WorkspaceWarning' in open(monitor_log).read())
                 shown = __import__('json').loads(d.cowbox(bus, '--json', 'workspace', 'show', 'dev').out)
                 t.check(shown['warning'], f'workspace show says it is near its limit: {shown}')
+                check_workspace_text(bus, dev, path)
                 d.cowbox(bus, 'workspace', 'set-limit', 'dev', '64M')
                 deadline = time.monotonic() + 15
                 while True:
