@@ -721,9 +721,9 @@ const Command command_usage = {
         .synopsis = "[--raw]",
         .summary = "Show how the store uses space, per subvolume and in total.",
         .description =
-                "For each subvolume: logical, what its files hold; stored, what its layers take on\n"
-                "disk after compression and deduplication (shared data counts for each subvolume\n"
-                "that shares it); exclusive, what deleting it would free; and the ratio\n"
+                "For each subvolume: logical, what its files hold; stored, what its layers take\n"
+                "on disk after compression and deduplication (shared data counts for each\n"
+                "subvolume that shares it); exclusive, what deleting it would free; and the ratio\n"
                 "logical/stored. The total gives the store's logical and stored bytes (data and\n"
                 "metadata), the sum of the exclusive bytes, the ratio, the size of the pack\n"
                 "files, what the next reap frees (reclaimable), the checksum mismatches seen so\n"
@@ -745,10 +745,10 @@ const Command command_mount = {
         .summary = "Mount a subvolume through FUSE and serve it until it is unmounted.",
         .description =
                 "Without --background, the command serves the mount in the foreground until it\n"
-                "is unmounted with 'fusermount3 -u MOUNTPOINT', or until it gets SIGTERM or SIGINT\n"
-                "(Ctrl-C). One process at a time may mount a writable subvolume writable; others\n"
-                "may mount it with --read-only. A read-only subvolume is always mounted read-only.\n"
-                "MOUNTPOINT must be an existing directory.\n",
+                "is unmounted with 'fusermount3 -u MOUNTPOINT', or until it gets SIGTERM or\n"
+                "SIGINT (Ctrl-C). One process at a time may mount a writable subvolume\n"
+                "writable; others may mount it with --read-only. A read-only subvolume is\n"
+                "always mounted read-only. MOUNTPOINT must be an existing directory.\n",
         .options = (const CommandOption[]) {
                 { ARG_BACKGROUND, "background", NULL, "return once the mount is ready, and serve it\n"
                   "from a background process, which logs to the file 'log'\n"
@@ -788,7 +788,8 @@ const Command command_reap = {
                 { ARG_WAIT, "wait", NULL, "if another reaper is running, wait for it, then reap" },
                 { ARG_PAUSE, "pause", NULL, "stop every reaper until --resume" },
                 { ARG_RESUME, "resume", NULL, "let reapers run again" },
-                { ARG_RATE, "rate", "BYTES", "free at most BYTES per second (K, M, G, T; 'none' for no limit)" },
+                { ARG_RATE, "rate", "BYTES", "free at most BYTES per second (with K, M, G or T;\n"
+                  "'none' for no limit)" },
                 {}
         },
         .examples = (const char *const[]) {

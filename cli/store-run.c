@@ -244,7 +244,7 @@ const Command command_run = {
         },
         .examples = (const char *const[]) {
                 PROGRAM_NAME " run base -- /bin/sh -c 'make test'",
-                PROGRAM_NAME " run --workdir /src --timeout 600 --memory-max 2G checkout -- make -C /src",
+                PROGRAM_NAME " run --workdir /src --memory-max 2G checkout -- make -C /src",
                 PROGRAM_NAME " --json run --io-read-bps 10M base -- cat /data/big",
                 NULL,
         },

@@ -423,10 +423,10 @@ static const Command subvolume_show = {
         .synopsis = "[--raw] NAME",
         .summary = "Show everything known about a subvolume.",
         .description =
-                "Its id, name, UUID and the UUID of the subvolume it is a snapshot of, whether it is\n"
-                "read-only, when it was created, its stack of layers (top layer and depth), its\n"
-                "space (see 'subvolume list'), its number of inodes, and the process that has it\n"
-                "mounted writable, if any.\n",
+                "Its id, name, UUID and the UUID of the subvolume it is a snapshot of, whether it\n"
+                "is read-only, when it was created, its stack of layers (top layer and depth),\n"
+                "its space (see 'subvolume list'), its number of inodes, and the process that has\n"
+                "it mounted writable, if any.\n",
         .examples = (const char *const[]) {
                 PROGRAM_NAME " subvolume show base",
                 PROGRAM_NAME " --json subvolume show base",
@@ -441,11 +441,11 @@ static const Command subvolume_set_quota = {
         .synopsis = "NAME SIZE",
         .summary = "Limit how many bytes the files of a subvolume may hold.",
         .description =
-                "SIZE counts the subvolume's logical bytes (the sum of its files' sizes), in bytes\n"
-                "or with K, M, G or T (powers of 1024); 'none' or 0 removes the limit. A write that\n"
-                "would pass the limit fails with EDQUOT ('Disk quota exceeded'), and nothing\n"
-                "written before is lost. Snapshots keep the limit of their source. A server that\n"
-                "has the subvolume mounted applies a new limit within a few seconds.\n",
+                "SIZE counts the subvolume's logical bytes (the sum of its files' sizes), in\n"
+                "bytes or with K, M, G or T (powers of 1024); 'none' or 0 removes the limit. A\n"
+                "write that would pass the limit fails with EDQUOT ('Disk quota exceeded'), and\n"
+                "nothing written before is lost. Snapshots keep the limit of their source. A\n"
+                "server that has the subvolume mounted applies a new limit within a few seconds.\n",
         .examples = (const char *const[]) {
                 PROGRAM_NAME " subvolume set-quota workspace 20G",
                 PROGRAM_NAME " subvolume set-quota workspace none",

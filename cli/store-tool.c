@@ -524,10 +524,46 @@ static const char *command_verb(const Command *cmd) {
         return space ? space + 1 : cmd->name;
 }
 
+#define HELP_COLUMNS 80
+
+/* The usage line, wrapped to HELP_COLUMNS at spaces outside brackets (an
+ * option stays whole: "[--proto 1|2]"), its further lines indented under
+ * the command's name. */
 static void print_usage_line(const char *lead, const Command *cmd) {
-        printf("%s" PROGRAM_NAME " [--store=DIR]%s %s%s%s\n", lead,
-               (cmd->flags & COMMAND_JSON) ? " [--json]" : "",
-               cmd->name, isempty(cmd->synopsis) ? "" : " ", cmd->synopsis ? cmd->synopsis : "");
+        _cleanup_free_ char *line = NULL;
+        size_t column = 0, indent;
+        const char *p;
+
+        if (asprintf(&line, "%s" PROGRAM_NAME " [--store=DIR]%s %s%s%s", lead,
+                     (cmd->flags & COMMAND_JSON) ? " [--json]" : "", cmd->name,
+                     isempty(cmd->synopsis) ? "" : " ", cmd->synopsis ? cmd->synopsis : "") < 0) {
+                puts(cmd->name);
+                return;
+        }
+        indent = strlen(lead) + strlen(PROGRAM_NAME) + 1;
+        for (p = line; *p; ) {
+                size_t n = 0;
+                int depth = 0;
+
+                /* One word: up to a space outside brackets. */
+                while (p[n] && (p[n] != ' ' || depth > 0)) {
+                        depth += p[n] == '[' ? 1 : p[n] == ']' ? -1 : 0;
+                        n++;
+                }
+                if (column > indent && column + 1 + n > HELP_COLUMNS) {
+                        printf("\n%*s", (int) indent, "");
+                        column = indent;
+                } else if (column > 0) {
+                        putchar(' ');
+                        column++;
+                }
+                printf("%.*s", (int) n, p);
+                column += n;
+                p += n;
+                while (*p == ' ')
+                        p++;
+        }
+        putchar('\n');
 }
 
 /* An option and its help; a help text may go on over lines split by '\n'. */

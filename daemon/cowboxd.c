@@ -16,10 +16,11 @@
 #include "manager.h"
 
 static void help(void) {
-        printf("Usage: cowboxd [--store DIR] [--init]\n"
+        printf("Usage: cowboxd [--store DIR] [--init] [--reap-low-mark PERCENT]\n"
+               "               [--reap-high-mark PERCENT]\n"
                "\n"
-               "Owns a cowbox store and serves it on the system bus as " API_SERVICE ", or on the bus\n"
-               "that $DBUS_SYSTEM_BUS_ADDRESS names. Runs until SIGTERM or SIGINT.\n"
+               "Owns a cowbox store and serves it on the system bus as " API_SERVICE ", or on the\n"
+               "bus that $DBUS_SYSTEM_BUS_ADDRESS names. Runs until SIGTERM or SIGINT.\n"
                "\n"
                "Options:\n"
                "  --store DIR   the store (default: $COWBOX_STORE, else " STORE_DEFAULT_PATH ")\n"

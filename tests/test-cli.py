@@ -273,10 +273,12 @@ def test_lock_files_pruned(store):
 
 
 def test_help(store):
+    """Every command's --help: on standard output, naming the command, in
+    lines that fit a terminal of 80 columns; and the other programs' too."""
     commands = [
         [], ['init'], ['subvolume'], ['subvolume', 'create'], ['subvolume', 'snapshot'],
-        ['subvolume', 'delete'], ['subvolume', 'list'], ['subvolume', 'show'], ['mount'],
-        ['usage'], ['reap'], ['scrub'], ['fsck'],
+        ['subvolume', 'delete'], ['subvolume', 'list'], ['subvolume', 'show'], ['subvolume', 'set-quota'],
+        ['mount'], ['usage'], ['reap'], ['scrub'], ['fsck'], ['receive'], ['send'], ['run'],
     ]
     missing = os.path.join(store.tmp, 'no-store-for-help')
     for args in commands:
@@ -285,7 +287,16 @@ def test_help(store):
         t.check('usage' in r.out.lower(), f'--help prints no usage on stdout:\n{r.describe()}')
         if args:
             t.check(args[-1] in r.out, f'--help of {" ".join(args)} does not name the command:\n{r.describe()}')
+        check_fits(r.out, f'cowbox-store {" ".join(args)} --help')
     t.check(not os.path.exists(missing), '--help created a store')
+    build = os.path.dirname(os.path.dirname(t.tool()))
+    for program in (os.path.join(build, 'cli', 'cowbox'), os.path.join(build, 'daemon', 'cowboxd')):
+        check_fits(t.run_command([program, '--help']).out, f'{os.path.basename(program)} --help')
+
+
+def check_fits(text, what):
+    long = [line for line in text.splitlines() if len(line) > 80]
+    t.check(not long, f'{what}: lines wider than 80 columns:\n' + '\n'.join(long))
 
 
 def test_version(store):
