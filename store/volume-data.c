@@ -697,6 +697,39 @@ fail:
         return r;
 }
 
+/* How long a write waits for the kernel to forget removed files before it
+ * fails with EDQUOT. */
+#define QUOTA_FORGET_WAIT_USEC (1000 * 1000)
+
+/* The kernel tells us that it forgot a removed file some time after the
+ * unlink returned, and a FORGET may come after requests made later: 'rm'
+ * and then a write that needs the space it gave back found the quota still
+ * full. A write that only such files keep over the quota waits a moment
+ * for them, before anything changes. Caller holds the volume's lock; the
+ * wait lets it go, so that the server's other thread can take the
+ * FORGET. */
+static void quota_wait_for_orphans(Volume *v, uint64_t ino, uint64_t end) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        struct timespec deadline;
+        uint64_t growth;
+
+        /* The file grows by at most end. */
+        if (v->quota_bytes == 0 || v->orphan_bytes == 0 ||
+            v->counters.logical_bytes + v->orphan_bytes + end <= v->quota_bytes)
+                return;
+        if (inode_get(v, ino, &row) < 0 || row.nlink == 0)
+                return;
+        growth = end > row.size ? end - row.size : 0;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        deadline.tv_nsec += (QUOTA_FORGET_WAIT_USEC % 1000000) * 1000;
+        deadline.tv_sec += QUOTA_FORGET_WAIT_USEC / 1000000 + deadline.tv_nsec / 1000000000;
+        deadline.tv_nsec %= 1000000000;
+        while (v->orphan_bytes > 0 && v->counters.logical_bytes + v->orphan_bytes + growth > v->quota_bytes &&
+               v->counters.logical_bytes + growth <= v->quota_bytes)
+                if (pthread_cond_timedwait(&v->orphans_gone, &v->lock, &deadline) == ETIMEDOUT)
+                        return;
+}
+
 ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint64_t offset) {
         TopChange change;
         int r;
@@ -705,6 +738,7 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
                 return -EFBIG;
 
         MUTEX_LOCKED(&v->lock);
+        quota_wait_for_orphans(v, ino, offset + size);
         r = top_change_begin(v, &change);
         r = top_change_end(v, &change, r ?: data_write(v, ino, buf, size, offset));
         if (r < 0)

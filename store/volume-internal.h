@@ -128,6 +128,10 @@ struct Volume {
         bool committer_running;
         bool stopping;
         pthread_cond_t wake;
+        /* Signalled when orphan_bytes shrinks: a write that only the bytes
+         * of files the kernel has not forgotten yet keep over the quota
+         * waits for them a moment (see volume_write()). */
+        pthread_cond_t orphans_gone;
 
         ControlServer *control;
         /* Writes back what the kernel holds of this volume (its page cache

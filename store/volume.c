@@ -628,6 +628,7 @@ int volume_open(Store *s, const char *name, bool writable, Volume **ret, pid_t *
                 pthread_condattr_init(&attr);
                 pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
                 pthread_cond_init(&v->wake, &attr);
+                pthread_cond_init(&v->orphans_gone, &attr);
                 pthread_condattr_destroy(&attr);
         }
         v->name = strdup(name);
@@ -702,6 +703,7 @@ Volume *volume_close(Volume *v) {
         ZSTD_freeCCtx(v->cctx);
         ZSTD_freeDCtx(v->dctx);
         pthread_cond_destroy(&v->wake);
+        pthread_cond_destroy(&v->orphans_gone);
         pthread_mutex_destroy(&v->lock);
         free(v->name);
         free(v);
@@ -1066,8 +1068,10 @@ int inode_drop(Volume *v, const InodeRow *row) {
 /* An inode without names that the kernel forgot: its bytes stop counting
  * against the quota. */
 void inode_forgotten(Volume *v, const InodeRow *row) {
-        if (S_ISREG(row->mode))
+        if (S_ISREG(row->mode) && row->size > 0) {
                 v->orphan_bytes -= MIN(v->orphan_bytes, row->size);
+                pthread_cond_broadcast(&v->orphans_gone);
+        }
 }
 
 /* An inode that lost its last name leaves the counters at once, not when

@@ -11,6 +11,7 @@ closed."""
 import errno
 import os
 import sys
+import threading
 import time
 
 sys.dont_write_bytecode = True
@@ -54,6 +55,34 @@ def write_buffered(path, chunk, count):
     except OSError as e:
         close_err = e.errno
     return written, write_err, close_err
+
+
+def check_forget_after_write(store):
+    """The kernel may tell the server that it forgot a removed file after
+    a write that needs the file's room has arrived: the write waits for it
+    a moment rather than fail. Here the kernel forgets the file when an
+    O_PATH descriptor of it (which opens nothing) is closed, while the
+    write waits."""
+    store.create('late')
+    store.run('subvolume', 'set-quota', 'late', '2M')
+    with store.mount('late') as m:
+        t.check_equal(write_synced(m.p('first'), t.random_bytes(1536 * KiB, 10)), None,
+                      'writing 1.5 MiB under a 2 MiB quota')
+        holder = os.open(m.p('first'), os.O_PATH)
+        result = {}
+        try:
+            os.unlink(m.p('first'))
+            writer = threading.Thread(target=lambda: result.update(err=write_synced(
+                m.p('second'), t.random_bytes(1 * MiB, 11))))
+            writer.start()
+            time.sleep(0.2)
+            t.check(writer.is_alive(), f'the write that needs the room of a file not yet forgotten did not wait: '
+                    f'{result}')
+        finally:
+            os.close(holder)
+        writer.join(30)
+        t.check_equal(result.get('err', 'still running'), None,
+                      'writing 1 MiB when the removed file was forgotten during the write')
 
 
 def run():
@@ -126,6 +155,7 @@ def run():
             t.check_equal(err, None, 'writing 1 MiB within 10 s of closing the unlinked file')
         info = store.show('held')
         t.check_equal((info['inodes'], info['logical_bytes']), (2, 1 * MiB), 'held: inodes and logical bytes')
+        check_forget_after_write(store)
 
         r = store.run('subvolume', 'set-quota', 'missing', '1M', expect=1)
         t.check('missing' in r.err, f'set-quota of a missing subvolume names it:\n{r.describe()}')
