@@ -119,6 +119,22 @@ static void hand_off(Dispatcher *d) {
                 (void) worker_start(d);
 }
 
+/* The dispatcher of the request this thread serves, and whether another
+ * worker was called to the device for it already. */
+static __thread Dispatcher *serving;
+static __thread bool handed_off;
+
+void session_hand_off(void) {
+        Dispatcher *d = serving;
+
+        if (!d || handed_off)
+                return;
+        pthread_mutex_lock(&d->lock);
+        hand_off(d);
+        pthread_mutex_unlock(&d->lock);
+        handed_off = true;
+}
+
 /* Called with the lock held. */
 static void stop(Dispatcher *d, int error) {
         if (error < 0 && d->error == 0)
@@ -168,12 +184,15 @@ static void *worker_main(void *userdata) {
                         stop(d, r);
                         break;
                 }
-                if (request_may_take_long(&w->buf))
+                handed_off = request_may_take_long(&w->buf);
+                if (handed_off)
                         hand_off(d);
                 init = request_opcode(&w->buf) == FUSE_INIT;
                 pthread_mutex_unlock(&d->lock);
 
+                serving = d;
                 fuse_session_process_buf(d->se, &w->buf);
+                serving = NULL;
 
                 pthread_mutex_lock(&d->lock);
                 /* libfuse ends the session when it cannot agree with the

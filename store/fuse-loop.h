@@ -11,3 +11,7 @@ struct fuse_session;
  * Returns 0 then, -EIO if the session failed, or a negative errno if no
  * thread could be started. */
 int session_serve(struct fuse_session *se, unsigned max_threads);
+
+/* Called while a request is served, before it waits: another thread reads
+ * the device meanwhile (once per request; nothing outside a request). */
+void session_hand_off(void);

@@ -1184,11 +1184,14 @@ static int serve(Store *s, const char *name, const char *mountpoint, const Store
 
         srv.mountpoint = mountpoint;
         raise_read_ahead(mountpoint);
-        if (srv.writable)
+        if (srv.writable) {
                 volume_set_write_back(srv.volume, server_write_back, &srv);
+                volume_set_before_wait(srv.volume, session_hand_off);
+        }
         mount_ready(s, opts);
         r = session_serve(se, opts->max_threads > 0 ? opts->max_threads : default_threads());
         volume_set_write_back(srv.volume, NULL, NULL);
+        volume_set_before_wait(srv.volume, NULL);
 
         fuse_session_unmount(se);
 remove_handlers:

@@ -324,6 +324,11 @@ bool volume_is_sole_writer(const Volume *v);
  * dirty pages of shared mappings). */
 void volume_set_write_back(Volume *v, int (*write_back)(void *userdata), void *userdata);
 
+/* What a call that waits for the kernel to tell the volume something (a
+ * write waiting for the FORGET of removed files) calls first, on its own
+ * thread: the FUSE server lets another thread read its device meanwhile. */
+void volume_set_before_wait(Volume *v, void (*before_wait)(void));
+
 int volume_lookup(Volume *v, uint64_t parent, const char *name, struct stat *ret);
 int volume_getattr(Volume *v, uint64_t ino, struct stat *ret);
 

@@ -706,8 +706,8 @@ fail:
  * and then a write that needs the space it gave back found the quota still
  * full. A write that only such files keep over the quota waits a moment
  * for them, before anything changes. Caller holds the volume's lock; the
- * wait lets it go, so that the server's other thread can take the
- * FORGET. */
+ * wait lets it go, and before_wait has another thread of the server read
+ * its device, so that the FORGET is taken. */
 static void quota_wait_for_orphans(Volume *v, uint64_t ino, uint64_t end) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         struct timespec deadline;
@@ -720,6 +720,10 @@ static void quota_wait_for_orphans(Volume *v, uint64_t ino, uint64_t end) {
         if (inode_get(v, ino, &row) < 0 || row.nlink == 0)
                 return;
         growth = end > row.size ? end - row.size : 0;
+        if (v->counters.logical_bytes + growth > v->quota_bytes)
+                return;         /* over the quota whatever comes */
+        if (v->before_wait)
+                v->before_wait();
         clock_gettime(CLOCK_MONOTONIC, &deadline);
         deadline.tv_nsec += (QUOTA_FORGET_WAIT_USEC % 1000000) * 1000;
         deadline.tv_sec += QUOTA_FORGET_WAIT_USEC / 1000000 + deadline.tv_nsec / 1000000000;

@@ -139,6 +139,7 @@ struct Volume {
          * asked for. */
         int (*write_back)(void *userdata);
         void *write_back_userdata;
+        void (*before_wait)(void);
 
         /* Compression of small files' inline contents. */
         ZSTD_CCtx *cctx;

@@ -728,6 +728,11 @@ void volume_set_write_back(Volume *v, int (*write_back)(void *userdata), void *u
         v->write_back_userdata = userdata;
 }
 
+void volume_set_before_wait(Volume *v, void (*before_wait)(void)) {
+        MUTEX_LOCKED(&v->lock);
+        v->before_wait = before_wait;
+}
+
 /* Called by the control server: freezes the top layer at a point where
  * everything written so far is committed, and moves onto a new one. What
  * the kernel still holds is written back first, without our lock: it

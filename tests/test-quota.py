@@ -60,29 +60,32 @@ def write_buffered(path, chunk, count):
 def check_forget_after_write(store):
     """The kernel may tell the server that it forgot a removed file after
     a write that needs the file's room has arrived: the write waits for it
-    a moment rather than fail. Here the kernel forgets the file when an
+    a moment rather than fail, large (served beside the device's reader)
+    or small (served by it). Here the kernel forgets the file when an
     O_PATH descriptor of it (which opens nothing) is closed, while the
     write waits."""
-    store.create('late')
-    store.run('subvolume', 'set-quota', 'late', '2M')
-    with store.mount('late') as m:
-        t.check_equal(write_synced(m.p('first'), t.random_bytes(1536 * KiB, 10)), None,
-                      'writing 1.5 MiB under a 2 MiB quota')
-        holder = os.open(m.p('first'), os.O_PATH)
-        result = {}
-        try:
-            os.unlink(m.p('first'))
-            writer = threading.Thread(target=lambda: result.update(err=write_synced(
-                m.p('second'), t.random_bytes(1 * MiB, 11))))
-            writer.start()
-            time.sleep(0.2)
-            t.check(writer.is_alive(), f'the write that needs the room of a file not yet forgotten did not wait: '
-                    f'{result}')
-        finally:
-            os.close(holder)
-        writer.join(30)
-        t.check_equal(result.get('err', 'still running'), None,
-                      'writing 1 MiB when the removed file was forgotten during the write')
+    for label, kept, size in (('large', 1536 * KiB, 1 * MiB), ('small', 2 * MiB - 64 * KiB, 96 * KiB)):
+        name = f'late-{label}'
+        store.create(name)
+        store.run('subvolume', 'set-quota', name, '2M')
+        with store.mount(name) as m:
+            t.check_equal(write_synced(m.p('first'), t.random_bytes(kept, 10)), None,
+                          f'{label}: writing {kept} bytes under a 2 MiB quota')
+            holder = os.open(m.p('first'), os.O_PATH)
+            result = {}
+            try:
+                os.unlink(m.p('first'))
+                writer = threading.Thread(target=lambda: result.update(err=write_synced(
+                    m.p('second'), t.random_bytes(size, 11))))
+                writer.start()
+                time.sleep(0.2)
+                t.check(writer.is_alive(), f'{label}: the write that needs the room of a file not yet forgotten '
+                        f'did not wait: {result}')
+            finally:
+                os.close(holder)
+            writer.join(30)
+            t.check_equal(result.get('err', 'still running'), None,
+                          f'{label}: writing {size} bytes when the removed file was forgotten during the write')
 
 
 def run():
