@@ -13,6 +13,12 @@ static inline uint64_t monotonic_usec(void) {
         return (uint64_t) ts.tv_sec * 1000000u + (uint64_t) ts.tv_nsec / 1000u;
 }
 
+/* A point in time in microseconds as a timespec: the deadline of a
+ * pthread_cond_timedwait() on a condition of the same clock. */
+static inline struct timespec timespec_from_usec(uint64_t usec) {
+        return (struct timespec) { .tv_sec = (time_t) (usec / 1000000u), .tv_nsec = (long) (usec % 1000000u) * 1000 };
+}
+
 /* Whether at least interval has passed since *last (then *last is now):
  * for progress reports that must not flood their reader. */
 static inline bool ratelimit_due(uint64_t *last, uint64_t interval_usec, bool force) {

@@ -724,10 +724,8 @@ static void quota_wait_for_orphans(Volume *v, uint64_t ino, uint64_t end) {
                 return;         /* over the quota whatever comes */
         if (v->before_wait)
                 v->before_wait();
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        deadline.tv_nsec += (QUOTA_FORGET_WAIT_USEC % 1000000) * 1000;
-        deadline.tv_sec += QUOTA_FORGET_WAIT_USEC / 1000000 + deadline.tv_nsec / 1000000000;
-        deadline.tv_nsec %= 1000000000;
+        /* v->orphans_gone waits on CLOCK_MONOTONIC. */
+        deadline = timespec_from_usec(monotonic_usec() + QUOTA_FORGET_WAIT_USEC);
         while (v->orphan_bytes > 0 && v->counters.logical_bytes + v->orphan_bytes + growth > v->quota_bytes &&
                v->counters.logical_bytes + growth <= v->quota_bytes)
                 if (pthread_cond_timedwait(&v->orphans_gone, &v->lock, &deadline) == ETIMEDOUT)

@@ -555,10 +555,7 @@ static void *committer_main(void *userdata) {
                         until = MIN(until, v->flush_ahead_retry_usec);
 
                 /* v->wake waits on CLOCK_MONOTONIC, the clock of until. */
-                struct timespec deadline = {
-                        .tv_sec = (time_t) (until / 1000000u),
-                        .tv_nsec = (long) (until % 1000000u) * 1000,
-                };
+                struct timespec deadline = timespec_from_usec(until);
                 (void) pthread_cond_timedwait(&v->wake, &v->lock, &deadline);
         }
         pthread_mutex_unlock(&v->lock);
