@@ -96,41 +96,72 @@ static int call_va(sd_bus *bus, const char *method, sd_bus_message **ret, sd_bus
         return sd_bus_call(bus, m, 0, error, ret);
 }
 
-/* Prints a JSON document from the daemon: as it is with --json, else
- * through a printer of the command's own. */
-static int print_json_text(const char *text, void (*printer)(json_t *doc)) {
-        json_t *doc = json_loads(text, 0, NULL);
-
-        if (!doc)
-                return fail("the daemon sent malformed JSON");
+/* Prints a document from the daemon: as it is with --json, else through a
+ * printer of the command's own. */
+static void print_json(json_t *doc, void (*printer)(json_t *doc)) {
         if (arg_json || !printer) {
                 json_dumpf(doc, stdout, JSON_INDENT(2));
                 putchar('\n');
         } else
                 printer(doc);
+}
+
+static int print_json_text(const char *text, void (*printer)(json_t *doc)) {
+        json_t *doc = json_loads(text, 0, NULL);
+
+        if (!doc)
+                return fail("the daemon sent malformed JSON");
+        print_json(doc, printer);
         json_decref(doc);
         return EXIT_SUCCESS;
 }
 
-static int call_json(const char *method, void (*printer)(json_t *doc), const char *types, ...) {
+/* Calls a Manager method that answers with a JSON document and parses it
+ * into *ret; an exit status, with the failure said, if that fails. */
+static int call_for_json_va(json_t **ret, const char *method, const char *types, va_list ap) {
         _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
         _cleanup_message_ sd_bus_message *reply = NULL;
         _cleanup_bus_ sd_bus *bus = NULL;
         const char *text;
-        va_list ap;
         int r;
 
         r = connect_bus(&bus);
         if (r != 0)
                 return r;
-        va_start(ap, types);
         r = call_va(bus, method, &reply, &error, types, ap);
-        va_end(ap);
         if (r >= 0)
                 r = sd_bus_message_read(reply, "s", &text);
         if (r < 0)
                 return bus_failure(method, r, &error);
-        return print_json_text(text, printer);
+        *ret = json_loads(text, 0, NULL);
+        if (!*ret)
+                return fail("the daemon sent malformed JSON");
+        return EXIT_SUCCESS;
+}
+
+static int call_for_json(json_t **ret, const char *method, const char *types, ...) {
+        va_list ap;
+        int r;
+
+        va_start(ap, types);
+        r = call_for_json_va(ret, method, types, ap);
+        va_end(ap);
+        return r;
+}
+
+static int call_json(const char *method, void (*printer)(json_t *doc), const char *types, ...) {
+        json_t *doc = NULL;
+        va_list ap;
+        int r;
+
+        va_start(ap, types);
+        r = call_for_json_va(&doc, method, types, ap);
+        va_end(ap);
+        if (r != EXIT_SUCCESS)
+                return r;
+        print_json(doc, printer);
+        json_decref(doc);
+        return EXIT_SUCCESS;
 }
 
 /* ---- following a job ---- */
@@ -949,24 +980,13 @@ static int verb_sandbox_wait(const char *name) {
 
 /* One sandbox of the daemon's list, printed as show prints it. */
 static int verb_sandbox_show(const char *name) {
-        _cleanup_bus_error_ sd_bus_error error = SD_BUS_ERROR_NULL;
-        _cleanup_message_ sd_bus_message *reply = NULL;
-        _cleanup_bus_ sd_bus *bus = NULL;
-        json_t *list, *v, *found = NULL;
-        const char *text;
+        json_t *list = NULL, *v, *found = NULL;
         size_t i;
         int r;
 
-        r = connect_bus(&bus);
-        if (r != 0)
+        r = call_for_json(&list, "ListSandboxes", NULL);
+        if (r != EXIT_SUCCESS)
                 return r;
-        r = sd_bus_call_method(bus, API_SERVICE, API_MANAGER_PATH, API_MANAGER_INTERFACE, "ListSandboxes", &error,
-                               &reply, NULL);
-        if (r >= 0)
-                r = sd_bus_message_read(reply, "s", &text);
-        if (r < 0)
-                return bus_failure("ListSandboxes", r, &error);
-        list = json_loads(text, 0, NULL);
         if (!json_is_array(list)) {
                 json_decref(list);
                 return fail("the daemon sent malformed JSON");
@@ -979,17 +999,12 @@ static int verb_sandbox_show(const char *name) {
                         break;
                 }
         }
-        if (!found) {
-                json_decref(list);
-                return fail("there is no sandbox '%s'; 'sandbox list' lists them", name);
-        }
-        if (arg_json) {
-                json_dumpf(found, stdout, JSON_INDENT(2));
-                putchar('\n');
-        } else
-                print_sandbox(found);
+        if (found)
+                print_json(found, print_sandbox);
+        else
+                r = fail("there is no sandbox '%s'; 'sandbox list' lists them", name);
         json_decref(list);
-        return EXIT_SUCCESS;
+        return r;
 }
 
 static int verb_sandbox(int argc, char *argv[]) {
