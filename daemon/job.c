@@ -25,6 +25,11 @@
 
 #define CANCEL_KILL_USEC (5 * 1000 * 1000)
 #define PROGRESS_MIN_INTERVAL_USEC (200 * 1000)
+/* A result holds a task's output (64 KiB, up to six times that escaped) or
+ * scrub's list of damaged files: far below this, which only bounds what a
+ * broken worker can make the daemon hold. */
+#define JOB_LINE_MAX (16U * 1024 * 1024)
+#define JOB_READ_CHUNK 4096U
 
 static const char *const job_type_names[_JOB_TYPE_MAX] = {
         [JOB_RECEIVE] = "receive",
@@ -74,6 +79,7 @@ static Job *job_free(Job *j) {
         if (j->pipe_fd >= 0)
                 close(j->pipe_fd);
         free(j->target);
+        free(j->line);
         free(j->error_text);
         free(j->result);
         free(j);
@@ -169,11 +175,45 @@ static void job_parse_line(Job *j, char *line) {
         }
 }
 
+/* Makes room to read another chunk; false when the line is too long. */
+static bool job_line_reserve(Job *j) {
+        size_t size;
+        char *p;
+
+        if (j->line_size - j->line_len > JOB_READ_CHUNK)
+                return true;
+        if (j->line_size >= JOB_LINE_MAX)
+                return false;
+        size = MAX(j->line_size * 2, 2 * JOB_READ_CHUNK);
+        p = realloc(j->line, size);
+        if (!p)
+                return false;
+        j->line = p;
+        j->line_size = size;
+        return true;
+}
+
+/* A line too long to hold is skipped to its end. Were it the result, the
+ * job fails saying so, rather than losing it quietly or reading its tail
+ * as a line of its own. */
+static void job_drop_line(Job *j) {
+        if (strncmp(j->line, "result ", 7) == 0 || strncmp(j->line, "error ", 6) == 0) {
+                j->error = -E2BIG;
+                free(j->error_text);
+                j->error_text = strdup("the job's report was too long to keep");
+        }
+        j->line_len = 0;
+        j->line_dropped = true;
+}
+
 static int on_pipe(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
         Job *j = userdata;
+        char *start;
         ssize_t k;
 
-        k = read(fd, j->line + j->line_len, sizeof j->line - 1 - j->line_len);
+        if (!job_line_reserve(j))
+                job_drop_line(j);
+        k = read(fd, j->line + j->line_len, j->line_size - 1 - j->line_len);
         if (k <= 0) {
                 if (k < 0 && errno == EINTR)
                         return 0;
@@ -182,19 +222,24 @@ static int on_pipe(sd_event_source *s, int fd, uint32_t revents, void *userdata)
         }
         j->line_len += (size_t) k;
         j->line[j->line_len] = 0;
-        for (;;) {
-                char *nl = strchr(j->line, '\n');
 
-                if (!nl) {
-                        if (j->line_len == sizeof j->line - 1)
-                                j->line_len = 0;        /* an overlong line: dropped */
+        start = j->line;
+        for (;;) {
+                char *nl = memchr(start, '\n', j->line_len - (size_t) (start - j->line));
+
+                if (!nl)
                         break;
-                }
                 *nl = 0;
-                job_parse_line(j, j->line);
-                memmove(j->line, nl + 1, j->line_len - (size_t) (nl + 1 - j->line) + 1);
-                j->line_len -= (size_t) (nl + 1 - j->line);
+                if (j->line_dropped)
+                        j->line_dropped = false;
+                else
+                        job_parse_line(j, start);
+                start = nl + 1;
         }
+        j->line_len -= (size_t) (start - j->line);
+        memmove(j->line, start, j->line_len + 1);
+        if (j->line_dropped)
+                j->line_len = 0;
         return 0;
 }
 

@@ -56,8 +56,9 @@ typedef struct Job {
         sd_event_source *pipe_source;
         sd_event_source *child_source;
         sd_event_source *kill_timer;
-        char line[4096];
-        size_t line_len;
+        char *line;             /* the report's line being read */
+        size_t line_len, line_size;
+        bool line_dropped;      /* an overlong line: skipped to its end */
 
         int error;              /* of a failed job, negative errno */
         char *error_text;

@@ -13,6 +13,7 @@
  *   forkbomb             forks until it cannot; prints how far it got
  *   sleep SECONDS
  *   mark ID              writes /mark-ID, waits a second, lists the marks it sees
+ *   print BYTES          prints BYTES bytes of \x01, which JSON escapes six times over
  *   mount | module | unshare | ptrace PID | chroot-escape | ls DIR
  */
 
@@ -217,6 +218,11 @@ int main(int argc, char *argv[]) {
         }
         if (!strcmp(cmd, "ls") && argc > 2)
                 return cmd_ls(argv[2]);
+        if (!strcmp(cmd, "print") && argc > 2) {
+                for (long n = atol(argv[2]); n > 0; n--)
+                        putchar('\x01');
+                return 0;
+        }
         fprintf(stderr, "sandbox-probe: unknown command\n");
         return 2;
 }

@@ -73,6 +73,11 @@ def run():
             report = json.loads(r.out)
             t.check(report['stdout'].startswith('pid 2 ppid 1'), f'the task\'s output in the report: {report}')
             t.check_equal(report['exit_status'], 0, 'exit status in the report')
+            # Output past the 64 KiB kept, of characters JSON escapes six
+            # times over: the report is far larger than its output.
+            r = d.cowbox(bus, '--json', 'run', 'checkout', '--', '/probe', 'print', '100000')
+            report = json.loads(r.out)
+            t.check_equal(report['stdout'], '\x01' * 65536, 'the first 64 KiB of a long output in the report')
 
             # A cancelled task.
             client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
