@@ -87,6 +87,7 @@ static const char *json_type_name(char type) {
         switch (type) {
         case 's': return "a string";
         case 'b': return "true or false";
+        case 'i': return "a user or group ID, from 0 to 4294967294";
         default:  return "a non-negative integer";
         }
 }
@@ -95,6 +96,8 @@ static bool json_type_ok(json_t *v, char type) {
         switch (type) {
         case 's': return json_is_string(v);
         case 'b': return json_is_boolean(v);
+        case 'i': return json_is_integer(v) && json_integer_value(v) >= 0 &&
+                         json_integer_value(v) < (json_int_t) UINT32_MAX;
         default:  return json_is_integer(v) && json_integer_value(v) >= 0;
         }
 }

@@ -867,6 +867,11 @@ static int verb_run(int argc, char *argv[]) {
         return r;
 }
 
+/* A run that failed before its task ran has a reason instead of an exit. */
+static const char *run_error(json_t *result) {
+        return json_string_value(json_object_get(result, "error"));
+}
+
 static void print_sandbox(json_t *v) {
         json_t *result = json_object_get(v, "result");
         char command[512] = "";
@@ -881,7 +886,9 @@ static void print_sandbox(json_t *v) {
         printf("Image:     %s\n", str(v, "image"));
         printf("Snapshot:  %s\n", str(v, "snapshot"));
         printf("Command:   %s\n", command);
-        if (json_is_object(result))
+        if (run_error(result))
+                printf("Error:     %s\n", run_error(result));
+        else if (json_is_object(result))
                 printf("Exit:      %" PRIu64 "%s\n", num(result, "exit_status"),
                        json_is_true(json_object_get(result, "timed_out")) ? " (out of time)" :
                        json_is_true(json_object_get(result, "oom_killed")) ? " (out of memory)" : "");
@@ -896,7 +903,7 @@ static void print_sandbox_table(json_t *list) {
                 json_t *result = json_object_get(v, "result");
                 char exit_text[16] = "-";
 
-                if (json_is_object(result))
+                if (json_is_object(result) && !run_error(result))
                         snprintf(exit_text, sizeof exit_text, "%" PRIu64, num(result, "exit_status"));
                 printf("%-20s %-9s %-20s %s\n", str(v, "name"), str(v, "state"), str(v, "image"), exit_text);
         }
@@ -967,8 +974,9 @@ static int verb_sandbox_wait(const char *name) {
                 return print_json_text(text, NULL);
         doc = json_loads(text, 0, NULL);
         result = json_object_get(doc, "result");
-        if (!json_is_object(result)) {
-                r = fail("sandbox '%s' %s without a result", name, str(doc, "state"));
+        if (!json_is_object(result) || run_error(result)) {
+                r = run_error(result) ? fail("sandbox '%s' failed: %s", name, run_error(result))
+                                      : fail("sandbox '%s' %s without a result", name, str(doc, "state"));
                 json_decref(doc);
                 return r;
         }

@@ -325,6 +325,9 @@ int job_start(Manager *m, JobType type, const char *target, job_work_t work, voi
                 (void) prctl(PR_SET_PDEATHSIG, SIGTERM);
                 (void) signal(SIGTERM, SIG_DFL);
                 (void) signal(SIGINT, SIG_DFL);
+                /* A stream's reader that goes away is an error to report
+                 * (EPIPE), not a reason to die without a word. */
+                (void) signal(SIGPIPE, SIG_IGN);
                 {
                         sigset_t all;
 

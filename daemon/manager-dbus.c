@@ -24,11 +24,25 @@
 
 /* ---- replies ---- */
 
-static int check_name(const char *name, sd_bus_error *error) {
+int manager_check_name(const char *name, sd_bus_error *error) {
         if (!store_name_is_valid(name) || strncmp(name, IMAGE_RECEIVING_PREFIX, strlen(IMAGE_RECEIVING_PREFIX)) == 0)
                 return sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%.64s' is not a valid name: names are 1 "
                                          "to 255 bytes, without '/' or control characters, not '.' or '..', and "
                                          "not starting with '" IMAGE_RECEIVING_PREFIX "'.", name);
+        return 0;
+}
+
+/* A workspace's or a sandbox's own subvolume is theirs: renamed, deleted
+ * or made read-only behind their back, it would leave them broken. */
+static int check_not_owned(Manager *m, const char *name, sd_bus_error *error) {
+        const Workspace *ws = workspace_find_by_subvolume(&m->workspaces, name, false);
+
+        if (ws)
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "'%s' belongs to workspace '%s'; RemoveWorkspace "
+                                         "removes it.", name, ws->name);
+        if (manager_sandbox_owns(m, name))
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "'%s' belongs to a sandbox; DeleteSandbox removes "
+                                         "it.", name);
         return 0;
 }
 
@@ -105,7 +119,7 @@ static int method_get_subvolume(sd_bus_message *message, void *userdata, sd_bus_
         r = sd_bus_message_read(message, "s", &name);
         if (r < 0)
                 return r;
-        r = check_name(name, error);
+        r = manager_check_name(name, error);
         if (r < 0)
                 return r;
         r = store_subvolume_show(m->store, name, &info);
@@ -174,7 +188,7 @@ static int method_create_subvolume(sd_bus_message *message, void *userdata, sd_b
         r = sd_bus_message_read(message, "s", &name);
         if (r < 0)
                 return r;
-        r = check_name(name, error);
+        r = manager_check_name(name, error);
         if (r >= 0)
                 r = manager_check_caller(message, error);
         if (r < 0)
@@ -192,9 +206,9 @@ int manager_snapshot(sd_bus_message *message, Manager *m, const char *source, co
         _cleanup_json_ json_t *opts = NULL;
         int r;
 
-        r = check_name(source, error);
+        r = manager_check_name(source, error);
         if (r >= 0)
-                r = check_name(name, error);
+                r = manager_check_name(name, error);
         if (r >= 0)
                 r = api_parse_options(options, allowed, &opts, error);
         if (r >= 0)
@@ -224,9 +238,11 @@ int manager_delete(sd_bus_message *message, Manager *m, const char *name, bool i
         StoreSubvolumeInfo info = {};
         int r;
 
-        r = check_name(name, error);
+        r = manager_check_name(name, error);
         if (r >= 0)
                 r = manager_check_caller(message, error);
+        if (r >= 0)
+                r = check_not_owned(m, name, error);
         if (r < 0)
                 return r;
         if (image_only) {
@@ -279,11 +295,13 @@ static int method_rename(sd_bus_message *message, void *userdata, sd_bus_error *
         r = sd_bus_message_read(message, "ss", &name, &new_name);
         if (r < 0)
                 return r;
-        r = check_name(name, error);
+        r = manager_check_name(name, error);
         if (r >= 0)
-                r = check_name(new_name, error);
+                r = manager_check_name(new_name, error);
         if (r >= 0)
                 r = manager_check_caller(message, error);
+        if (r >= 0)
+                r = check_not_owned(m, name, error);
         if (r < 0)
                 return r;
         r = store_subvolume_rename(m->store, name, new_name);
@@ -304,9 +322,11 @@ static int method_set_read_only(sd_bus_message *message, void *userdata, sd_bus_
         r = sd_bus_message_read(message, "sb", &name, &readonly);
         if (r < 0)
                 return r;
-        r = check_name(name, error);
+        r = manager_check_name(name, error);
         if (r >= 0)
                 r = manager_check_caller(message, error);
+        if (r >= 0)
+                r = check_not_owned(m, name, error);
         if (r < 0)
                 return r;
         r = store_subvolume_set_readonly(m->store, name, readonly);
@@ -324,7 +344,7 @@ static int method_set_quota(sd_bus_message *message, void *userdata, sd_bus_erro
         r = sd_bus_message_read(message, "st", &name, &bytes);
         if (r < 0)
                 return r;
-        r = check_name(name, error);
+        r = manager_check_name(name, error);
         if (r < 0)
                 return r;
         if (bytes > (uint64_t) INT64_MAX)
@@ -448,7 +468,7 @@ static int start_receive(sd_bus_message *message, Manager *m, int fd, const char
                 return r;
         name = api_option_string(opts, "name", NULL);
         if (name) {
-                r = check_name(name, error);
+                r = manager_check_name(name, error);
                 if (r < 0)
                         return r;
         }
@@ -502,7 +522,11 @@ static int method_receive_image_from_path(sd_bus_message *message, void *userdat
                                          "to read; pass an open file descriptor with ReceiveImage instead.");
         fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
         if (fd < 0)
-                return sd_bus_error_set_errnof(error, errno, "Cannot open %s: %m", path);
+                /* One of the standard names, whatever errno it was. */
+                return sd_bus_error_setf(error, errno == ENOENT || errno == ENOTDIR ? SD_BUS_ERROR_FILE_NOT_FOUND :
+                                                errno == EACCES || errno == EPERM ? SD_BUS_ERROR_ACCESS_DENIED :
+                                                SD_BUS_ERROR_INVALID_ARGS,
+                                         "Cannot open %s: %s", path, strerror(errno));
         if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "%s is not a regular file.", path);
         (void) fcntl(fd, F_SETFL, 0);
@@ -523,20 +547,26 @@ static int method_send_image(sd_bus_message *message, void *userdata, sd_bus_err
         r = sd_bus_message_read(message, "shs", &name, &fd, &options);
         if (r < 0)
                 return r;
-        r = check_name(name, error);
+        r = manager_check_name(name, error);
         if (r >= 0)
                 r = api_parse_options(options, allowed, &opts, error);
         if (r < 0)
                 return r;
         parent = api_option_string(opts, "parent", NULL);
         if (parent) {
-                r = check_name(parent, error);
+                r = manager_check_name(parent, error);
                 if (r < 0)
                         return r;
         }
         if (api_option_uint(opts, "version", 1) < 1 || api_option_uint(opts, "version", 1) > 2)
                 return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"version\" must be 1 or 2.");
-        /* Sending reads only; whoever may read the images may send them. */
+        /* Sending reads only; whoever may read the images may send them,
+         * but a workspace's checkpoints are its owner's. */
+        r = manager_check_workspace_reader(message, m, name, error);
+        if (r >= 0 && parent)
+                r = manager_check_workspace_reader(message, m, parent, error);
+        if (r < 0)
+                return r;
         w = calloc(1, sizeof *w);
         if (!w)
                 return -ENOMEM;

@@ -101,6 +101,10 @@ void manager_recover(Manager *m);
 void manager_reap_soon(Manager *m);
 int manager_start_reap(Manager *m, Job **ret);
 
+/* Checks a subvolume's name as the API takes it: a store's name, not one of
+ * a receive's temporary ones. Sets an InvalidName error otherwise. */
+int manager_check_name(const char *name, sd_bus_error *error);
+
 /* Checks that the caller may change things: root, or a member of the
  * cowbox group. Sets an AccessDenied error otherwise. */
 int manager_check_caller(sd_bus_message *message, sd_bus_error *error);
@@ -143,6 +147,10 @@ int method_set_workspace_limit(sd_bus_message *message, void *userdata, sd_bus_e
 int method_checkpoint_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int method_list_checkpoints(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* A subvolume of a workspace, or a checkpoint of one, is for its owner, root
+ * and the cowbox group to read: AccessDenied for anyone else. */
+int manager_check_workspace_reader(sd_bus_message *message, Manager *m, const char *subvolume,
+                                   sd_bus_error *error);
 
 /* Replies the job that r and j say was started, or the error. */
 int reply_job(sd_bus_message *message, Manager *m, int r, Job *j, sd_bus_error *error);
@@ -158,6 +166,8 @@ int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error
 int manager_load_sandboxes(Manager *m);
 void manager_free_sandboxes(Manager *m);
 void manager_sandbox_job_finished(Manager *m, Job *j);
+/* Whether subvolume is a sandbox's own snapshot. */
+bool manager_sandbox_owns(Manager *m, const char *subvolume);
 int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int method_start_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int method_wait_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error);

@@ -24,7 +24,14 @@
 
 #define _cleanup_json_ _cleanup_(json_decrefp)
 #define SANDBOX_PREFIX "sbx-"
-#define WAITERS_MAX 16
+#define WAITERS_MAX 64
+
+/* A WaitSandbox call waiting for the run's end, and its caller on the bus:
+ * a caller that left needs no reply and gives its place up. */
+typedef struct SandboxWaiter {
+        sd_bus_message *message;
+        sd_bus_track *caller;
+} SandboxWaiter;
 
 struct Sandbox {
         char *name;
@@ -34,7 +41,7 @@ struct Sandbox {
         char *state;            /* created, running, exited, failed, killed */
         json_t *result;         /* of the last run, or NULL */
         uint32_t job;
-        sd_bus_message *waiters[WAITERS_MAX];
+        SandboxWaiter waiters[WAITERS_MAX];
         size_t n_waiters;
         struct Sandbox *next;
 };
@@ -64,11 +71,29 @@ static int save(Manager *m) {
         return r;
 }
 
+static void waiter_clear(SandboxWaiter *w) {
+        w->message = sd_bus_message_unref(w->message);
+        w->caller = sd_bus_track_unref(w->caller);
+}
+
+/* Drops the waiters whose callers left the bus. */
+static void prune_waiters(Sandbox *b) {
+        size_t k = 0;
+
+        for (size_t i = 0; i < b->n_waiters; i++) {
+                if (sd_bus_track_count(b->waiters[i].caller) > 0)
+                        b->waiters[k++] = b->waiters[i];
+                else
+                        waiter_clear(&b->waiters[i]);
+        }
+        b->n_waiters = k;
+}
+
 static Sandbox *sandbox_free(Sandbox *b) {
         if (!b)
                 return NULL;
         for (size_t i = 0; i < b->n_waiters; i++)
-                sd_bus_message_unref(b->waiters[i]);
+                waiter_clear(&b->waiters[i]);
         free(b->name);
         free(b->image);
         free(b->state);
@@ -140,6 +165,15 @@ static Sandbox *find(Manager *m, const char *name, sd_bus_error *error) {
         return NULL;
 }
 
+bool manager_sandbox_owns(Manager *m, const char *subvolume) {
+        if (!startswith(subvolume, SANDBOX_PREFIX))
+                return false;
+        for (Sandbox *b = m->sandboxes; b; b = b->next)
+                if (streq(b->name, subvolume + strlen(SANDBOX_PREFIX)))
+                        return true;
+        return false;
+}
+
 static json_t *sandbox_to_json(const Sandbox *b) {
         return json_pack("{s:s, s:s, s:O, s:O, s:s, s:s+, s:i, s:O?}", "name", b->name, "image", b->image,
                          "command", b->command, "options", b->options, "state", b->state,
@@ -154,8 +188,8 @@ static void reply_waiters(Sandbox *b) {
         json_decref(doc);
         for (size_t i = 0; i < b->n_waiters; i++) {
                 if (text)
-                        (void) sd_bus_reply_method_return(b->waiters[i], "s", text);
-                b->waiters[i] = sd_bus_message_unref(b->waiters[i]);
+                        (void) sd_bus_reply_method_return(b->waiters[i].message, "s", text);
+                waiter_clear(&b->waiters[i]);
         }
         b->n_waiters = 0;
 }
@@ -166,6 +200,10 @@ void manager_sandbox_job_finished(Manager *m, Job *j) {
                         continue;
                 json_decref(b->result);
                 b->result = j->result ? json_loads(j->result, 0, NULL) : NULL;
+                /* A run that failed before its task ran says why. */
+                if (!b->result && j->state == JOB_FAILED)
+                        b->result = json_pack("{s:i, s:s}", "errno", -j->error,
+                                              "error", j->error_text ? j->error_text : "the run failed");
                 (void) set_state(b, j->state == JOB_DONE ? "exited" : j->state == JOB_CANCELLED ? "killed" : "failed");
                 (void) save(m);
                 reply_waiters(b);
@@ -266,7 +304,9 @@ static int do_start(sd_bus_message *message, Manager *m, const char *name, sd_bu
 
 static int do_wait(sd_bus_message *message, Manager *m, const char *name, sd_bus_error *error) {
         _cleanup_json_ json_t *doc = NULL;
+        SandboxWaiter *w;
         Sandbox *b;
+        int r;
 
         b = find(m, name, error);
         if (!b)
@@ -276,9 +316,20 @@ static int do_wait(sd_bus_message *message, Manager *m, const char *name, sd_bus
                 return api_reply_json(message, doc);
         }
         if (b->n_waiters == WAITERS_MAX)
+                prune_waiters(b);
+        if (b->n_waiters == WAITERS_MAX)
                 return sd_bus_error_setf(error, API_ERROR_BUSY, "Too many callers wait for sandbox '%s'.", name);
         /* The reply goes when the task ends. */
-        b->waiters[b->n_waiters++] = sd_bus_message_ref(message);
+        w = &b->waiters[b->n_waiters];
+        r = sd_bus_track_new(sd_bus_message_get_bus(message), &w->caller, NULL, NULL);
+        if (r >= 0)
+                r = sd_bus_track_add_sender(w->caller, message);
+        if (r < 0) {
+                w->caller = sd_bus_track_unref(w->caller);
+                return r;
+        }
+        w->message = sd_bus_message_ref(message);
+        b->n_waiters++;
         return 1;
 }
 

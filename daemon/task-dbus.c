@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,15 +146,15 @@ static char *dup_option(json_t *opts, const char *key) {
 
 static const ApiOption task_options[] = {
         { "workdir", 's' }, { "name", 's' }, { "hostname", 's' }, { "cwd", 's' },
-        { "keep", 'b' }, { "host_network", 'b' }, { "timeout_sec", 'u' }, { "uid", 'u' }, { "gid", 'u' },
+        { "keep", 'b' }, { "host_network", 'b' }, { "timeout_sec", 'u' }, { "uid", 'i' }, { "gid", 'i' },
         { "memory_max", 'u' }, { "pids_max", 'u' }, { "cpu_percent", 'u' },
         { "io_read_bps", 'u' }, { "io_write_bps", 'u' }, { "io_read_iops", 'u' }, { "io_write_iops", 'u' },
-        { "io_weight", 'u' }, { "io_latency_us", 'u' }, { "userns_base", 'u' }, { "userns_size", 'u' }, {}
+        { "io_weight", 'u' }, { "io_latency_us", 'u' }, { "userns_base", 'i' }, { "userns_size", 'i' }, {}
 };
 
 int task_check(const char *source, char **argv, const char *options, json_t **ret_opts, sd_bus_error *error) {
         json_t *opts = NULL;
-        const char *workdir;
+        const char *workdir, *name, *hostname;
         size_t n = 0;
         int r;
 
@@ -168,7 +169,16 @@ int task_check(const char *source, char **argv, const char *options, json_t **re
         if (r < 0)
                 return r;
         workdir = api_option_string(opts, "workdir", NULL);
-        if (workdir && (workdir[0] != '/' || strstr(workdir, "..")))
+        name = api_option_string(opts, "name", NULL);
+        hostname = api_option_string(opts, "hostname", NULL);
+        if (name)
+                r = manager_check_name(name, error);
+        if (r < 0)
+                ;
+        else if (hostname && (strlen(hostname) == 0 || strlen(hostname) > HOST_NAME_MAX))
+                r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"hostname\" must be 1 to %d bytes.",
+                                      HOST_NAME_MAX);
+        else if (workdir && (workdir[0] != '/' || strstr(workdir, "..")))
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"workdir\" must be an absolute path "
                                       "without '..'.");
         else if (api_option_uint(opts, "timeout_sec", 0) > 365 * 24 * 3600)

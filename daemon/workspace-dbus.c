@@ -57,6 +57,13 @@ static int check_owner_or_admin(sd_bus_message *message, const Workspace *ws, sd
         return manager_check_caller(message, error);
 }
 
+int manager_check_workspace_reader(sd_bus_message *message, Manager *m, const char *subvolume,
+                                   sd_bus_error *error) {
+        const Workspace *ws = workspace_find_by_subvolume(&m->workspaces, subvolume, true);
+
+        return ws ? check_owner_or_admin(message, ws, error) : 0;
+}
+
 static int parse_owner(const char *text, uid_t *ret_uid, gid_t *ret_gid) {
         struct passwd *pw;
         char *end = NULL;
@@ -67,7 +74,10 @@ static int parse_owner(const char *text, uid_t *ret_uid, gid_t *ret_gid) {
                 *ret_gid = 0;
                 return 0;
         }
+        errno = 0;
         v = strtoul(text, &end, 10);
+        if (end && *end == 0 && *text && (errno != 0 || v >= (uid_t) -1))
+                return -ESRCH;  /* no uid_t holds it */
         pw = end && *end == 0 && *text ? getpwuid((uid_t) v) : getpwnam(text);
         if (!pw)
                 return -ESRCH;
@@ -81,6 +91,7 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
                 { "image", 's' }, { "owner", 's' }, { "limit", 'u' }, { "path", 's' }, {}
         };
         _cleanup_json_ json_t *opts = NULL, *doc = NULL;
+        _cleanup_free_ char *resolved = NULL;
         Manager *m = userdata;
         const char *name, *options, *image, *path;
         uid_t uid;
@@ -100,9 +111,6 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
         if (!image || !store_name_is_valid(image))
                 return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Name the image with the option "
                                          "\"image\", e.g. {\"image\": \"src-main\"}.");
-        if (path && (path[0] != '/' || strstr(path, "/../") || strlen(path) > 1024))
-                return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"path\" must be an absolute "
-                                         "path without '..'.");
         if (api_option_uint(opts, "limit", 0) > (uint64_t) INT64_MAX)
                 return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"limit\" is too large.");
         if (parse_owner(api_option_string(opts, "owner", NULL), &uid, &gid) < 0)
@@ -111,9 +119,18 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
         r = manager_check_caller(message, error);
         if (r < 0)
                 return r;
+        if (path) {
+                const char *reason = NULL;
+
+                r = workspace_check_path(&m->workspaces, m->store_path, path, &resolved, &reason);
+                if (r == -EINVAL)
+                        return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"path\" %s.", reason);
+                if (r < 0)
+                        return r;
+        }
 
         r = workspace_create(&m->workspaces, m->store, m->store_path, name, image, uid, gid,
-                             api_option_uint(opts, "limit", 0), path);
+                             api_option_uint(opts, "limit", 0), resolved);
         if (r == -EROFS)
                 return sd_bus_error_setf(error, API_ERROR_NOT_READ_ONLY, "'%s' is not a read-only image.", image);
         if (r == -ENOENT)
@@ -224,6 +241,8 @@ int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_err
         ws = find(m, name, error);
         if (!ws)
                 return -EINVAL;
+        if (!workspace_name_is_valid(label))
+                return workspace_error(-EINVAL, label, error);
         r = check_owner_or_admin(message, ws, error);
         if (r < 0)
                 return r;
@@ -255,8 +274,8 @@ static void watch_one(Manager *m, Workspace *ws, bool disk_full, uint64_t disk_f
         StoreSubvolumeInfo info = {};
         uint64_t used;
 
-        if (!workspace_is_mounted(ws))
-                (void) workspace_mount(ws, m->store_path);      /* its server died: serve it again */
+        if (!workspace_is_served(ws, m->store))
+                (void) workspace_mount(ws, m->store, m->store_path);      /* its server died: serve it again */
         /* A full disk stops every workspace's writers: each is told. */
         if (disk_full && !ws->disk_full)
                 (void) sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "WorkspaceDiskFull",
@@ -268,7 +287,7 @@ static void watch_one(Manager *m, Workspace *ws, bool disk_full, uint64_t disk_f
         used = info.logical_bytes;
         store_subvolume_info_clear(&info);
 
-        if (used * 100 >= ws->limit * WORKSPACE_WARNING_PERCENT) {
+        if ((unsigned __int128) used * 100 >= (unsigned __int128) ws->limit * WORKSPACE_WARNING_PERCENT) {
                 if (!ws->warned)
                         (void) sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "WorkspaceWarning",
                                                   "stt", ws->name, used, ws->limit);
@@ -310,6 +329,6 @@ int manager_start_workspaces(Manager *m) {
                 return r;
         /* After a restart of the host, or of a server that died. */
         for (Workspace *ws = m->workspaces.list; ws; ws = ws->next)
-                (void) workspace_mount(ws, m->store_path);
+                (void) workspace_mount(ws, m->store, m->store_path);
         return sd_event_add_time_relative(m->event, NULL, CLOCK_MONOTONIC, WATCH_INTERVAL_USEC, 0, on_watch, m);
 }

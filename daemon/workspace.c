@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -65,6 +66,20 @@ static Workspace *workspace_free(Workspace *ws) {
 Workspace *workspace_find(const Workspaces *w, const char *name) {
         for (Workspace *ws = w->list; ws; ws = ws->next)
                 if (streq(ws->name, name))
+                        return ws;
+        return NULL;
+}
+
+Workspace *workspace_find_by_subvolume(const Workspaces *w, const char *subvolume, bool or_checkpoint) {
+        const char *name, *label;
+
+        if (!startswith(subvolume, WORKSPACE_PREFIX))
+                return NULL;
+        name = subvolume + strlen(WORKSPACE_PREFIX);
+        label = or_checkpoint ? strstr(name, WORKSPACE_CHECKPOINT_SEPARATOR) : NULL;
+        for (Workspace *ws = w->list; ws; ws = ws->next)
+                if (label ? strncmp(ws->name, name, (size_t) (label - name)) == 0 && !ws->name[label - name]
+                          : streq(ws->name, name))
                         return ws;
         return NULL;
 }
@@ -184,7 +199,7 @@ static void unescape_mountinfo(char *s) {
         *out = 0;
 }
 
-bool workspace_is_mounted(const Workspace *ws) {
+static bool path_is_mount_point(const char *path) {
         _cleanup_fclose_ FILE *f = fopen("/proc/self/mountinfo", "re");
         char line[4096];
 
@@ -196,10 +211,118 @@ bool workspace_is_mounted(const Workspace *ws) {
                 if (sscanf(line, "%*s %*s %*s %*s %4095s", mountpoint) != 1)
                         continue;
                 unescape_mountinfo(mountpoint);
-                if (streq(mountpoint, ws->path))
+                if (streq(mountpoint, path))
                         return true;
         }
         return false;
+}
+
+bool workspace_is_mounted(const Workspace *ws) {
+        return path_is_mount_point(ws->path);
+}
+
+bool workspace_is_served(const Workspace *ws, Store *s) {
+        _cleanup_free_ char *subvolume = NULL;
+        StoreSubvolumeInfo info = {};
+        pid_t server;
+
+        if (!workspace_is_mounted(ws) || workspace_subvolume(ws->name, NULL, &subvolume) < 0 ||
+            store_subvolume_show(s, subvolume, &info) < 0)
+                return false;
+        server = info.mounted_by;
+        store_subvolume_info_clear(&info);
+        return server > 0;
+}
+
+/* Whether path is dir or lies below it. */
+static bool path_is_within(const char *path, const char *dir) {
+        size_t n = strlen(dir);
+
+        while (n > 0 && dir[n - 1] == '/')
+                n--;
+        return strncmp(path, dir, n) == 0 && (path[n] == 0 || path[n] == '/');
+}
+
+static bool path_components_are_plain(const char *path) {
+        for (const char *p = path + 1;;) {
+                size_t n = strcspn(p, "/");
+
+                if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
+                        return false;
+                if (!p[n])
+                        return true;
+                p += n + 1;
+        }
+}
+
+static bool dir_is_empty(const char *path) {
+        _cleanup_closedir_ DIR *d = opendir(path);
+        struct dirent *de;
+
+        if (!d)
+                return false;
+        while ((de = readdir(d)))
+                if (!streq_dot(de->d_name))
+                        return false;
+        return true;
+}
+
+int workspace_check_path(const Workspaces *w, const char *store_path, const char *path, char **ret,
+                         const char **ret_reason) {
+        _cleanup_free_ char *parent = NULL, *real_parent = NULL, *store = NULL, *resolved = NULL;
+        const char *base;
+        struct stat st;
+
+        if (path[0] != '/' || strlen(path) > 1024 || streq(path, "/")) {
+                *ret_reason = "must be an absolute path of at most 1024 bytes, not '/'";
+                return -EINVAL;
+        }
+        if (!path_components_are_plain(path)) {
+                *ret_reason = "must not hold '.', '..', '//' or end in '/'";
+                return -EINVAL;
+        }
+        base = strrchr(path, '/') + 1;
+        parent = strndup(path, (size_t) (base - path));
+        if (!parent)
+                return -ENOMEM;
+        real_parent = realpath(parent, NULL);
+        if (!real_parent || stat(real_parent, &st) < 0 || !S_ISDIR(st.st_mode)) {
+                *ret_reason = "must be in a directory that exists";
+                return -EINVAL;
+        }
+        if (asprintf(&resolved, "%s%s%s", real_parent, streq(real_parent, "/") ? "" : "/", base) < 0)
+                return -ENOMEM;
+        store = realpath(store_path, NULL);
+        if (!store)
+                return -errno;
+
+        /* The store, its sandboxes and where workspaces go by default:
+         * nothing may be mounted over them or in the first two. */
+        FOREACH_STRING(suffix, "", "-sandboxes", "-workspaces") {
+                _cleanup_free_ char *dir = NULL;
+
+                if (asprintf(&dir, "%s%s", store, suffix) < 0)
+                        return -ENOMEM;
+                if (path_is_within(dir, resolved) || (!streq(suffix, "-workspaces") && path_is_within(resolved, dir))) {
+                        *ret_reason = "must lie outside the store and its directories";
+                        return -EINVAL;
+                }
+        }
+        for (const Workspace *ws = w->list; ws; ws = ws->next)
+                if (path_is_within(resolved, ws->path) || path_is_within(ws->path, resolved)) {
+                        *ret_reason = "must lie outside every other workspace";
+                        return -EINVAL;
+                }
+        if (path_is_mount_point(resolved)) {
+                *ret_reason = "is a mount point already";
+                return -EINVAL;
+        }
+        if (lstat(resolved, &st) >= 0 && (!S_ISDIR(st.st_mode) || !dir_is_empty(resolved))) {
+                *ret_reason = "exists and is not an empty directory";
+                return -EINVAL;
+        }
+        *ret = TAKE_PTR(resolved);
+        return 0;
 }
 
 /* The server: a process of its own (its own session, none of the daemon's
@@ -237,15 +360,16 @@ static int wait_ready(int fd) {
         return k > 0 && buf[0] == '1' ? 0 : -EIO;
 }
 
-int workspace_mount(const Workspace *ws, const char *store_path) {
+int workspace_mount(const Workspace *ws, Store *s, const char *store_path) {
         _cleanup_free_ char *subvolume = NULL;
         _cleanup_close_ int rfd = -EBADF;
-        struct stat st;
         int fds[2], status, r;
         pid_t pid;
 
         if (workspace_is_mounted(ws)) {
-                if (stat(ws->path, &st) >= 0)
+                /* Asked of the store, not of the mount: the kernel answers
+                 * stat() of a dead mount from its cache for a long time. */
+                if (workspace_is_served(ws, s))
                         return 0;
                 /* Its server is gone: clear the dead mount, serve it anew. */
                 (void) umount2(ws->path, MNT_DETACH);
@@ -288,6 +412,8 @@ static int wait_released(Store *s, const char *subvolume) {
                 pid_t holder = info.mounted_by;
 
                 store_subvolume_info_clear(&info);
+                if (r == -ENOENT)
+                        return 0;       /* gone: nobody holds it */
                 if (r < 0)
                         return r;
                 if (holder == 0)
@@ -378,7 +504,8 @@ int workspace_create(Workspaces *w, Store *s, const char *store_path, const char
                 return r;
         }
         r = give_root_to(s, subvolume, owner, group);
-        if (r >= 0 && limit > 0)
+        /* Also without a limit: a snapshot keeps the image's quota. */
+        if (r >= 0)
                 r = store_subvolume_set_quota(s, subvolume, limit);
         if (r >= 0) {
                 ws->next = w->list;
@@ -388,7 +515,7 @@ int workspace_create(Workspaces *w, Store *s, const char *store_path, const char
                         w->list = ws->next;
         }
         if (r >= 0)
-                r = workspace_mount(ws, store_path);
+                r = workspace_mount(ws, s, store_path);
         if (r < 0) {
                 if (w->list == ws) {
                         w->list = ws->next;
@@ -503,7 +630,7 @@ int workspace_restore(Workspaces *w, Store *s, const char *store_path, const cha
         if (!workspace_name_is_valid(label))
                 return -EINVAL;
         if (workspace_subvolume(name, NULL, &subvolume) < 0 || workspace_subvolume(name, label, &checkpoint) < 0 ||
-            asprintf(&incoming, "%s.restoring", subvolume) < 0)
+            asprintf(&incoming, "%s" WORKSPACE_RESTORING_SUFFIX, subvolume) < 0)
                 return -ENOMEM;
         r = store_subvolume_show(s, checkpoint, &info);
         store_subvolume_info_clear(&info);
@@ -514,7 +641,7 @@ int workspace_restore(Workspaces *w, Store *s, const char *store_path, const cha
          * over to it with one rename. */
         (void) store_subvolume_delete(s, incoming, NULL);
         r = store_subvolume_snapshot(s, checkpoint, incoming, false);
-        if (r >= 0 && ws->limit > 0)
+        if (r >= 0)
                 r = store_subvolume_set_quota(s, incoming, ws->limit);
         if (r < 0)
                 return r;
@@ -525,11 +652,11 @@ int workspace_restore(Workspaces *w, Store *s, const char *store_path, const cha
                 r = store_subvolume_rename(s, incoming, subvolume);
         if (r < 0) {
                 (void) store_subvolume_delete(s, incoming, NULL);
-                (void) workspace_mount(ws, store_path);
+                (void) workspace_mount(ws, s, store_path);
                 return r;
         }
         ws->warned = ws->full = false;
-        return workspace_mount(ws, store_path);
+        return workspace_mount(ws, s, store_path);
 }
 
 json_t *workspace_to_json(const Workspace *ws, Store *s) {
@@ -543,7 +670,7 @@ json_t *workspace_to_json(const Workspace *ws, Store *s) {
         (void) store_subvolume_show(s, subvolume, &info);
         doc = json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:b}",
                         "name", ws->name,
-                        "state", workspace_is_mounted(ws) ? "mounted" : "unmounted",
+                        "state", workspace_is_served(ws, s) ? "mounted" : "unmounted",
                         "path", ws->path,
                         "image", ws->image,
                         "owner", (json_int_t) ws->owner,

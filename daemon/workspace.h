@@ -20,6 +20,9 @@
 /* The subvolume of workspace NAME, and of its checkpoint LABEL. */
 #define WORKSPACE_PREFIX "workspace-"
 #define WORKSPACE_CHECKPOINT_SEPARATOR "@"
+/* A restore's new state, until it takes the workspace's place: '+' is in
+ * no workspace's name and no label, so no workspace can own this name. */
+#define WORKSPACE_RESTORING_SUFFIX "+restoring"
 
 /* The warning mark: a share of the limit, in percent. */
 #define WORKSPACE_WARNING_PERCENT 90
@@ -50,10 +53,20 @@ int workspaces_load(Workspaces *w, const char *store_path);
 void workspaces_done(Workspaces *w);
 int workspaces_save(const Workspaces *w);
 Workspace *workspace_find(const Workspaces *w, const char *name);
+/* The workspace whose own subvolume this is, or also whose checkpoint. */
+Workspace *workspace_find_by_subvolume(const Workspaces *w, const char *subvolume, bool or_checkpoint);
 bool workspace_name_is_valid(const char *name);
 
 /* The workspace's subvolume name ("workspace-NAME"), or its checkpoint's. */
 int workspace_subvolume(const char *name, const char *label, char **ret);
+
+/* Checks a mount point asked for a new workspace and resolves its
+ * parent's symbolic links: it must be absolute, of plain components,
+ * under an existing directory, an empty directory or nothing yet, no mount
+ * point, and neither inside nor around the store, its directories or
+ * another workspace. -EINVAL with *ret_reason saying why otherwise. */
+int workspace_check_path(const Workspaces *w, const char *store_path, const char *path, char **ret,
+                         const char **ret_reason);
 
 /* Creates the subvolume, gives its root to the owner, sets the limit,
  * mounts it and adds it to the list (saved). */
@@ -62,9 +75,11 @@ int workspace_create(Workspaces *w, Store *s, const char *store_path, const char
 
 /* Mounts a workspace unless it is mounted already; a dead mount (its
  * server gone) is cleaned up first. */
-int workspace_mount(const Workspace *ws, const char *store_path);
+int workspace_mount(const Workspace *ws, Store *s, const char *store_path);
 int workspace_unmount(const Workspace *ws, Store *s);
 bool workspace_is_mounted(const Workspace *ws);
+/* Mounted, and its server alive: a dead server's mount stays listed. */
+bool workspace_is_served(const Workspace *ws, Store *s);
 
 int workspace_remove(Workspaces *w, Store *s, const char *name);
 int workspace_set_limit(Workspaces *w, Store *s, const char *name, uint64_t limit);

@@ -84,6 +84,8 @@ static int fail(Sender *sd, int r, const char *path, const char *what) {
         if (r == -EMSGSIZE)
                 return image_error(sd->error, r, "'%s': %s does not fit in a version %u command", path, what,
                                    sd->version);
+        if (!*path)     /* the image as a whole, not one of its files */
+                return image_error(sd->error, r, "cannot %s: %s", what, strerror(-r));
         return image_error(sd->error, r, "'%s': cannot %s: %s", path, what, strerror(-r));
 }
 

@@ -14,6 +14,7 @@
  */
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <inttypes.h>
@@ -238,6 +239,8 @@ _noreturn_
 static void init_main(const Plan *p) {
         static const int forwarded[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 };
         const char *hostname = p->opts->hostname ? p->opts->hostname : p->opts->name;
+        /* A hostname made from a long snapshot name is cut to what fits. */
+        size_t hostname_len = strnlen(hostname, HOST_NAME_MAX);
         int status;
         pid_t pid;
 
@@ -247,7 +250,7 @@ static void init_main(const Plan *p) {
         redirect(p, p->opts->stdout_path, STDOUT_FILENO);
         redirect(p, p->opts->stderr_path, STDERR_FILENO);
         setup_mounts(p);
-        if (sethostname(hostname, strlen(hostname)) < 0)
+        if (sethostname(hostname, hostname_len) < 0)
                 child_fail(p->error_fd, errno, "cannot set the hostname: %m");
         if (!p->opts->host_network)
                 loopback_up();
@@ -651,6 +654,10 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                                                strstr(opts->workdir, "/..") || streq(opts->workdir, "/"))) {
                 snprintf(error_text, error_size, "the working tree's path must be absolute, without '..', and "
                          "not '/'");
+                return -EINVAL;
+        }
+        if (opts->hostname && (!opts->hostname[0] || strlen(opts->hostname) > HOST_NAME_MAX)) {
+                snprintf(error_text, error_size, "the hostname must be 1 to %d bytes", HOST_NAME_MAX);
                 return -EINVAL;
         }
         if (opts->in_source)

@@ -47,6 +47,48 @@ def no_sandboxes_left(store):
     return not any(n.startswith('sandbox-') for n in names) and not mounts
 
 
+def check_sandbox_edges(bus):
+    """A sandbox with the longest name runs (its hostname cut to fit); a
+    run that fails before its task runs says why; callers of WaitSandbox
+    that left the bus give their places up; a stream's reader that goes
+    away is reported as such."""
+    name = 'n' * 64
+    d.cowbox(bus, 'sandbox', 'create', name, '--image', 'checkout', '--', '/probe', 'info')
+    d.cowbox(bus, 'sandbox', 'start', name)
+    r = d.cowbox(bus, 'sandbox', 'wait', name)
+    t.check(f'hostname {("sbx-" + name)[:64]} ' in r.out, f'the hostname of a sandbox with a 64-byte name:\n{r.out}')
+    d.cowbox(bus, 'sandbox', 'rm', name)
+
+    d.cowbox(bus, 'sandbox', 'create', 'broken', '--image', 'checkout', '--', '/no-such-program')
+    d.cowbox(bus, 'sandbox', 'start', 'broken')
+    r = d.cowbox(bus, 'sandbox', 'wait', 'broken', expect=1)
+    t.check('failed' in r.err and '/no-such-program' in r.err, f'waiting for a run that failed:\n{r.err}')
+    shown = d.cowbox(bus, 'sandbox', 'show', 'broken').out
+    t.check(re.search(r'^Error: +.*/no-such-program', shown, re.M), f'cowbox sandbox show of a failed run:\n{shown}')
+    d.cowbox(bus, 'sandbox', 'rm', 'broken')
+
+    d.cowbox(bus, 'sandbox', 'create', 'waited', '--image', 'checkout', '--', '/probe', 'sleep', '60')
+    d.cowbox(bus, 'sandbox', 'start', 'waited')
+    env = dict(os.environ, **bus.env)
+    leaving = [subprocess.Popen(['gdbus', 'call', '--system', '--timeout', '1', '--dest', 'org.cowbox1',
+                                 '--object-path', '/org/cowbox1', '--method', 'org.cowbox1.Manager.WaitSandbox',
+                                 'waited'], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for _ in range(70)]
+    for p in leaving:
+        p.wait(60)
+    waiter = subprocess.Popen([d.client_exe(), 'sandbox', 'wait', 'waited'], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    d.cowbox(bus, 'sandbox', 'kill', 'waited')
+    _, err = waiter.communicate(timeout=60)
+    t.check('Too many' not in err and 'exit status 137' in err, f'a wait after 70 callers that left:\n{err}')
+    d.cowbox(bus, 'sandbox', 'rm', 'waited')
+
+    r = subprocess.run(f'{d.client_exe()} image send checkout | head -c 10 > /dev/null', shell=True, env=env,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    t.check('receiving end' in r.stderr, f'a send whose reader went away:\n{r.stderr}')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -148,6 +190,7 @@ def run():
                 t.check(re.search(pattern, shown, re.M), f'{pattern} in cowbox sandbox show:\n{shown}')
             for name in ('patch-a', 'patch-b'):
                 d.cowbox(bus, 'sandbox', 'rm', name)
+            check_sandbox_edges(bus)
             r = d.cowbox(bus, 'sandbox', 'show', 'patch-a', expect=1)
             t.check("no sandbox 'patch-a'" in r.err, f'cowbox sandbox show of a removed sandbox:\n{r.err}')
             d.wait_for('the sandboxes to leave nothing', lambda: no_sandboxes_left(store) and not any(

@@ -7,8 +7,10 @@ intact, the warning signal, a raised limit); another user kept out; and
 the workspace mounted again with its data after a restart of the daemon
 and after its mount went away (as after a reboot)."""
 
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -133,6 +135,104 @@ def check_workspace_text(bus, dev, path):
             f'the rows of cowbox workspace list: {rows}')
 
 
+def workspace_names(bus):
+    return sorted(w['name'] for w in d.gdbus_json(bus, 'ListWorkspaces'))
+
+
+def check_misuse(dev, other):
+    """Calls that must not break a workspace, on a bus that lets everyone
+    call everything, so that cowboxd's own checks are what is tested: mount
+    points that are not safe; a workspace whose name is another's plus
+    '.restoring' left alone by the other's restore; a killed server
+    replaced; a workspace's subvolume not renamed or deleted behind its
+    back; a checkpoint sent only to its owner; an image's quota not
+    inherited; a limit near 2^64 that does not overflow."""
+    with t.Store('workspace-misuse') as store:
+        make_image(store)
+        with d.bus_and_daemon(store, policy='open') as (bus, daemon):
+            def create(name, *opts):
+                return d.cowbox(bus, '--json', 'workspace', 'create', name, '--image', 'src-main',
+                                '--owner', 'cowbox-test-dev', *opts)
+
+            path = json.loads(create('dev').out)['path']
+            twin_path = json.loads(create('dev.restoring').out)['path']
+            as_user(bus, dev, 'sh', '-c', f'echo mine > {twin_path}/twin && echo dev > {path}/dev')
+
+            # Mount points that would hide the store, a workspace or files.
+            scratch = store.new_dir('scratch')
+            full = store.new_dir('full')
+            t.write_file(os.path.join(full, 'file'), b'x')
+            os.symlink(store.new_dir('target'), os.path.join(scratch, 'link'))
+            for bad, why in ((store.path, 'outside the store'), (os.path.join(store.path, 'x'), 'outside the store'),
+                             (os.path.dirname(store.path), 'outside the store'),
+                             (path, 'outside every other workspace'), (path + '/sub', 'outside every other workspace'),
+                             (os.path.dirname(path), 'outside the store'),
+                             (scratch + '/inner/..', "'..'"), (scratch + '//x', "'//'"), (scratch + '/x/', "'/'"),
+                             ('/nonexistent-dir/sub', 'a directory that exists'),
+                             (full, 'not an empty directory'), (scratch + '/link', 'not an empty directory'),
+                             ('relative', 'absolute')):
+                r = d.gdbus_call(bus, 'CreateWorkspace', 'bad', json.dumps({'image': 'src-main', 'path': bad}),
+                                 expect='fail')
+                t.check(d.error_name(r) == 'org.cowbox1.Error.InvalidJSON' and why in r.err,
+                        f'a workspace at {bad}: expected InvalidJSON saying "{why}":\n{r.err}')
+            t.check_equal(workspace_names(bus), ['dev', 'dev.restoring'], 'workspaces after the refused paths')
+            t.check_equal(os.listdir(full), ['file'], 'a directory refused as a mount point')
+            create('custom', '--path', scratch + '/custom')
+            t.check(os.path.ismount(scratch + '/custom'), 'a workspace at a path of its own')
+            d.cowbox(bus, 'workspace', 'rm', 'custom')
+
+            # A restore of dev leaves dev.restoring alone.
+            d.cowbox(bus, 'workspace', 'checkpoint', 'dev', 'good')
+            as_user(bus, dev, 'sh', '-c', f'echo changed > {path}/dev')
+            d.cowbox(bus, 'workspace', 'restore', 'dev', 'good')
+            t.check_equal(t.read_file(os.path.join(path, 'dev')), b'dev\n', 'dev after its restore')
+            t.check_equal(t.read_file(os.path.join(twin_path, 'twin')), b'mine\n', 'dev.restoring after dev\'s restore')
+
+            # Its server killed, a workspace is served again and says so.
+            as_user(bus, dev, 'sync', os.path.join(twin_path, 'twin'))     # kill -9 keeps what was synced
+            server = store.show('workspace-dev.restoring')['mounted_by']
+            os.kill(server, signal.SIGKILL)
+            d.wait_for('the killed server to be replaced',
+                       lambda: store.show('workspace-dev.restoring')['mounted_by'] not in (0, server) and
+                       os.path.exists(os.path.join(twin_path, 'twin')))
+            t.check_equal(d.gdbus_json(bus, 'GetWorkspace', 'dev.restoring')['state'], 'mounted',
+                          'the state of a workspace served again')
+            t.check_equal(t.read_file(os.path.join(twin_path, 'twin')), b'mine\n', 'a file after its server died')
+
+            # The workspace's subvolume is the workspace's.
+            for method, args in (('Rename', ['workspace-dev', 'stolen']), ('DeleteSubvolume', ['workspace-dev']),
+                                 ('SetReadOnly', ['workspace-dev', 'true'])):
+                r = d.gdbus_call(bus, method, *args, expect='fail')
+                t.check(d.error_name(r) == 'org.cowbox1.Error.Busy' and 'RemoveWorkspace' in r.err,
+                        f'{method}{tuple(args)}: expected Busy naming RemoveWorkspace:\n{r.err}')
+            t.check_equal(t.read_file(os.path.join(path, 'dev')), b'dev\n', 'dev after the refused calls')
+
+            # A checkpoint is sent to its owner, root and the group only.
+            r = d.cowbox(bus, 'image', 'send', '-f', '/dev/null', 'workspace-dev@good', expect=1, user=other)
+            t.check('denied' in r.err.lower() or 'root and members' in r.err,
+                    f'another user sending a checkpoint:\n{r.err}')
+            sent = os.path.join(scratch, 'sent')
+            open(sent, 'w').close()
+            os.chmod(sent, 0o666)
+            d.cowbox(bus, 'image', 'send', '-f', sent, 'workspace-dev@good', user=dev)
+            t.check(os.path.getsize(sent) > 0, 'the owner sends a checkpoint')
+
+            # An image's quota stays the image's.
+            store.run('subvolume', 'set-quota', 'src-main', '5')
+            free_path = json.loads(create('free').out)['path']
+            as_user(bus, dev, 'sh', '-c', f'head -c 1048576 /dev/zero > {free_path}/big')
+            t.check_equal(os.path.getsize(os.path.join(free_path, 'big')), 1 << 20,
+                          'a write to a workspace of an image with a quota')
+
+            # A limit near 2^64 is far from reached.
+            d.gdbus_call(bus, 'SetWorkspaceLimit', 'free', '204963823041217241')
+            time.sleep(2.5)     # one round of the daemon's watch
+            shown = d.gdbus_json(bus, 'GetWorkspace', 'free')
+            t.check(not shown['warning'] and not shown['full'], f'a workspace with a huge limit: {shown}')
+            for name in ('dev', 'dev.restoring', 'free'):
+                d.cowbox(bus, 'workspace', 'rm', name)
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -236,6 +336,7 @@ def run():
             t.check(not os.path.exists(path) or not os.listdir(path), 'the mount point after rm')
             left = [n for n in store.names() if n.startswith('workspace-')]
             t.check_equal(left, [], 'subvolumes of the workspace after rm')
+    check_misuse(dev, other)
     check_disk_full()
 
 
