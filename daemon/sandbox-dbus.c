@@ -25,6 +25,9 @@
 #define _cleanup_json_ _cleanup_(json_decrefp)
 #define SANDBOX_PREFIX "sbx-"
 #define WAITERS_MAX 64
+/* How long a delete waits for a snapshot's holder to let go. */
+#define DELETE_RETRY_USEC (100 * 1000)
+#define DELETE_RETRIES 100
 
 /* A WaitSandbox call waiting for the run's end, and its caller on the bus:
  * a caller that left needs no reply and gives its place up. */
@@ -43,6 +46,11 @@ struct Sandbox {
         uint32_t job;
         SandboxWaiter waiters[WAITERS_MAX];
         size_t n_waiters;
+        /* A DeleteSandbox waiting for the snapshot to be let go. */
+        Manager *manager;
+        sd_bus_message *delete_call;
+        sd_event_source *delete_retry;
+        unsigned delete_tries;
         struct Sandbox *next;
 };
 
@@ -94,6 +102,8 @@ static Sandbox *sandbox_free(Sandbox *b) {
                 return NULL;
         for (size_t i = 0; i < b->n_waiters; i++)
                 waiter_clear(&b->waiters[i]);
+        sd_bus_message_unref(b->delete_call);
+        sd_event_source_disable_unref(b->delete_retry);
         free(b->name);
         free(b->image);
         free(b->state);
@@ -287,6 +297,8 @@ static int do_start(sd_bus_message *message, Manager *m, const char *name, sd_bu
                 return r;
         if (streq(b->state, "running"))
                 return sd_bus_error_setf(error, API_ERROR_BUSY, "Sandbox '%s' is running already.", name);
+        if (b->delete_call)
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "Sandbox '%s' is being deleted.", name);
         n = json_array_size(b->command);
         argv = calloc(n + 1, sizeof *argv);
         if (!argv || asprintf(&snapshot, SANDBOX_PREFIX "%s", name) < 0)
@@ -350,8 +362,70 @@ static int do_kill(sd_bus_message *message, Manager *m, const char *name, sd_bus
         return sd_bus_reply_method_return(message, NULL);
 }
 
-static int do_delete(sd_bus_message *message, Manager *m, const char *name, sd_bus_error *error) {
+static void sandbox_remove(Manager *m, Sandbox *b) {
+        for (Sandbox **p = &m->sandboxes; *p; p = &(*p)->next)
+                if (*p == b) {
+                        *p = b->next;
+                        break;
+                }
+        sandbox_free(b);
+        (void) save(m);
+        manager_reap_soon(m);
+}
+
+/* Deletes the sandbox's snapshot and the sandbox: 1 when done, 0 while a
+ * holder keeps the snapshot, or a negative errno. */
+static int try_delete(Manager *m, Sandbox *b) {
         _cleanup_free_ char *snapshot = NULL;
+        int r;
+
+        if (asprintf(&snapshot, SANDBOX_PREFIX "%s", b->name) < 0)
+                return -ENOMEM;
+        r = store_subvolume_delete(m->store, snapshot, NULL);
+        if (r == -EBUSY)
+                return 0;
+        if (r < 0 && r != -ENOENT)
+                return r;
+        return 1;
+}
+
+static int reply_delete(sd_bus_message *call, const char *name, int r) {
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_free_ char *snapshot = NULL;
+
+        if (r > 0)
+                return sd_bus_reply_method_return(call, NULL);
+        if (r == 0)
+                r = -EBUSY;
+        if (asprintf(&snapshot, SANDBOX_PREFIX "%s", name) < 0)
+                return sd_bus_reply_method_errno(call, ENOMEM, NULL);
+        r = store_error_reply(r, snapshot, &error);
+        return sd_bus_error_is_set(&error) ? sd_bus_reply_method_error(call, &error)
+                                           : sd_bus_reply_method_errno(call, -r, NULL);
+}
+
+static int on_delete_retry(sd_event_source *s, uint64_t usec, void *userdata) {
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *call = NULL;
+        _cleanup_free_ char *name = NULL;
+        Sandbox *b = userdata;
+        Manager *m = b->manager;
+        int r;
+
+        r = try_delete(m, b);
+        if (r == 0 && ++b->delete_tries < DELETE_RETRIES) {
+                r = sd_event_source_set_time_relative(s, DELETE_RETRY_USEC);
+                if (r >= 0)
+                        return sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
+        }
+        call = TAKE_PTR(b->delete_call);
+        b->delete_retry = sd_event_source_disable_unref(b->delete_retry);
+        name = strdup(b->name);
+        if (r > 0)
+                sandbox_remove(m, b);
+        return name ? reply_delete(call, name, r) : sd_bus_reply_method_errno(call, ENOMEM, NULL);
+}
+
+static int do_delete(sd_bus_message *message, Manager *m, const char *name, sd_bus_error *error) {
         Sandbox *b;
         int r;
 
@@ -363,23 +437,26 @@ static int do_delete(sd_bus_message *message, Manager *m, const char *name, sd_b
                 return r;
         if (streq(b->state, "running"))
                 return sd_bus_error_setf(error, API_ERROR_BUSY, "Sandbox '%s' is running: kill it first.", name);
-        if (asprintf(&snapshot, SANDBOX_PREFIX "%s", name) < 0)
-                return -ENOMEM;
-        /* A task that died with a daemon may still be on its way out,
-         * its snapshot's server with it: give it a moment. */
-        for (unsigned i = 0; (r = store_subvolume_delete(m->store, snapshot, NULL)) == -EBUSY && i < 100; i++)
-                (void) usleep(100 * 1000);
-        if (r < 0 && r != -ENOENT)
-                return store_error_reply(r, snapshot, error);
-        for (Sandbox **p = &m->sandboxes; *p; p = &(*p)->next)
-                if (*p == b) {
-                        *p = b->next;
-                        break;
-                }
-        sandbox_free(b);
-        (void) save(m);
-        manager_reap_soon(m);
-        return sd_bus_reply_method_return(message, NULL);
+        if (b->delete_call)
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "Sandbox '%s' is being deleted.", name);
+        r = try_delete(m, b);
+        if (r > 0) {
+                sandbox_remove(m, b);
+                return sd_bus_reply_method_return(message, NULL);
+        }
+        if (r < 0)
+                return reply_delete(message, name, r);
+        /* A task that died with a daemon may still be on its way out, its
+         * snapshot's server with it: try again for a while, answering
+         * other calls meanwhile. */
+        b->manager = m;
+        b->delete_tries = 0;
+        r = sd_event_add_time_relative(m->event, &b->delete_retry, CLOCK_MONOTONIC, DELETE_RETRY_USEC, 0,
+                                       on_delete_retry, b);
+        if (r < 0)
+                return r;
+        b->delete_call = sd_bus_message_ref(message);
+        return 1;
 }
 
 int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error *error) {

@@ -29,7 +29,8 @@ static int workspace_error(int r, const char *name, sd_bus_error *error) {
                                          name);
         case -EBUSY:
                 return sd_bus_error_setf(error, API_ERROR_BUSY, "Workspace '%s' is in use: close the programs "
-                                         "that have files open in it, then try again.", name);
+                                         "that have files open in it (or unmount its subvolume where "
+                                         "else it is mounted), then try again.", name);
         case -EINVAL:
                 return sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%s' is not a valid name: up to 64 "
                                          "letters, digits, '.', '_' and '-', not starting with '.' or '-'.", name);

@@ -18,6 +18,7 @@
 
 #include "cleanup.h"
 #include "fd-util.h"
+#include "process-util.h"
 #include "string-util.h"
 #include "workspace.h"
 
@@ -430,12 +431,22 @@ int workspace_unmount(const Workspace *ws, Store *s) {
         r = workspace_subvolume(ws->name, NULL, &subvolume);
         if (r < 0)
                 return r;
-        if (workspace_is_mounted(ws) && umount2(ws->path, UMOUNT_NOFOLLOW) < 0) {
+        if (!workspace_is_mounted(ws)) {
+                /* Not its server: someone mounted the subvolume elsewhere,
+                 * and will not let go because we wait. */
+                StoreSubvolumeInfo info = {};
+                pid_t holder = 0;
+
+                if (store_subvolume_show(s, subvolume, &info) >= 0)
+                        holder = info.mounted_by;
+                store_subvolume_info_clear(&info);
+                if (holder > 0 && !process_is_exiting(holder))
+                        return -EBUSY;
+        } else if (umount2(ws->path, UMOUNT_NOFOLLOW) < 0) {
                 if (errno != EBUSY)
                         return -errno;
                 /* A dead server's mount is busy only for the kernel. */
-                struct stat st;
-                if (stat(ws->path, &st) >= 0 || errno != ENOTCONN)
+                if (workspace_is_served(ws, s))
                         return -EBUSY;
                 (void) umount2(ws->path, MNT_DETACH);
         }

@@ -14,6 +14,7 @@
 
 #include "alloc-util.h"
 #include "fd-util.h"
+#include "process-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
 

@@ -104,9 +104,6 @@ uint64_t now_usec(void);
 uint64_t now_nsec(void);
 int uuid_generate_string(char ret[static 37]);
 int read_pid_file(int dir_fd, const char *name, pid_t *ret);
-/* Whether a process is gone, or dying (a zombie): it holds its locks
- * until its last thread is gone. */
-bool process_is_exiting(pid_t pid);
 int write_pid_file(int fd, const char *suffix);
 
 /* ---- catalog.c ---- */

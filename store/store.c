@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "fd-util.h"
+#include "process-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
 
@@ -41,21 +42,6 @@ int uuid_generate_string(char ret[static 37]) {
                  b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
                  b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
         return 0;
-}
-
-/* A process that is dying (or dead and not yet reaped) still holds its
- * locks until its last thread is gone. */
-bool process_is_exiting(pid_t pid) {
-        _cleanup_fclose_ FILE *f = NULL;
-        char path[64], state = 0;
-
-        snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
-        f = fopen(path, "re");
-        if (!f)
-                return true;
-        if (fscanf(f, "%*d (%*[^)]) %c", &state) != 1)
-                return false;
-        return state == 'Z' || state == 'X';
 }
 
 int read_pid_file(int dir_fd, const char *name, pid_t *ret) {

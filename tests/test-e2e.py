@@ -47,11 +47,12 @@ def no_sandboxes_left(store):
     return not any(n.startswith('sandbox-') for n in names) and not mounts
 
 
-def check_sandbox_edges(bus):
+def check_sandbox_edges(bus, store):
     """A sandbox with the longest name runs (its hostname cut to fit); a
     run that fails before its task runs says why; callers of WaitSandbox
-    that left the bus give their places up; a stream's reader that goes
-    away is reported as such."""
+    that left the bus give their places up; a delete waits for its
+    snapshot's holder without keeping the daemon from other calls; a
+    stream's reader that goes away is reported as such."""
     name = 'n' * 64
     d.cowbox(bus, 'sandbox', 'create', name, '--image', 'checkout', '--', '/probe', 'info')
     d.cowbox(bus, 'sandbox', 'start', name)
@@ -83,6 +84,19 @@ def check_sandbox_edges(bus):
     _, err = waiter.communicate(timeout=60)
     t.check('Too many' not in err and 'exit status 137' in err, f'a wait after 70 callers that left:\n{err}')
     d.cowbox(bus, 'sandbox', 'rm', 'waited')
+
+    d.cowbox(bus, 'sandbox', 'create', 'held', '--image', 'checkout', '--', '/probe', 'info')
+    with store.mount('sbx-held'):
+        deleting = subprocess.Popen([d.client_exe(), 'sandbox', 'rm', 'held'], env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        started = time.monotonic()
+        d.cowbox(bus, 'status')
+        t.check(time.monotonic() - started < 2, 'the daemon answers while a delete waits for a snapshot\'s holder')
+        t.check(deleting.poll() is None, 'a delete of a sandbox whose snapshot is mounted waits')
+    _, err = deleting.communicate(timeout=30)
+    t.check_equal((deleting.returncode, err), (0, ''), 'the delete once the snapshot was let go')
+    t.check('held' not in d.cowbox(bus, 'sandbox', 'list').out, 'the deleted sandbox is gone')
 
     r = subprocess.run(f'{d.client_exe()} image send checkout | head -c 10 > /dev/null', shell=True, env=env,
                        stderr=subprocess.PIPE, text=True, timeout=60)
@@ -190,7 +204,7 @@ def run():
                 t.check(re.search(pattern, shown, re.M), f'{pattern} in cowbox sandbox show:\n{shown}')
             for name in ('patch-a', 'patch-b'):
                 d.cowbox(bus, 'sandbox', 'rm', name)
-            check_sandbox_edges(bus)
+            check_sandbox_edges(bus, store)
             r = d.cowbox(bus, 'sandbox', 'show', 'patch-a', expect=1)
             t.check("no sandbox 'patch-a'" in r.err, f'cowbox sandbox show of a removed sandbox:\n{r.err}')
             d.wait_for('the sandboxes to leave nothing', lambda: no_sandboxes_left(store) and not any(

@@ -199,6 +199,19 @@ def check_misuse(dev, other):
                           'the state of a workspace served again')
             t.check_equal(t.read_file(os.path.join(twin_path, 'twin')), b'mine\n', 'a file after its server died')
 
+            # Its subvolume mounted elsewhere: RemoveWorkspace answers
+            # Busy at once, and the workspace is served again after.
+            daemon.stop()
+            subprocess.run(['umount', path], check=True)
+            d.wait_for('the server to let go', lambda: store.show('workspace-dev')['mounted_by'] == 0)
+            with store.mount('workspace-dev'):
+                daemon.start()
+                started = time.monotonic()
+                r = d.cowbox(bus, 'workspace', 'rm', 'dev', expect=1)
+                t.check(time.monotonic() - started < 3 and 'in use' in r.err,
+                        f'removing a workspace whose subvolume is mounted elsewhere:\n{r.err}')
+            d.wait_for('the workspace served again', lambda: os.path.exists(os.path.join(path, 'dev')))
+
             # The workspace's subvolume is the workspace's.
             for method, args in (('Rename', ['workspace-dev', 'stolen']), ('DeleteSubvolume', ['workspace-dev']),
                                  ('SetReadOnly', ['workspace-dev', 'true'])):
