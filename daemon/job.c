@@ -69,6 +69,13 @@ Job *manager_find_job(Manager *m, uint32_t id) {
         return NULL;
 }
 
+static bool job_type_running(Manager *m, JobType type) {
+        for (Job *j = m->jobs; j; j = j->next)
+                if (j->type == type && j->state == JOB_RUNNING)
+                        return true;
+        return false;
+}
+
 static Job *job_free(Job *j) {
         if (!j)
                 return NULL;
@@ -285,7 +292,9 @@ int job_start(Manager *m, JobType type, const char *target, job_work_t work, voi
         int fds[2], bus_fd, r;
         pid_t pid;
 
-        if (m->n_jobs >= JOBS_MAX) {
+        /* One reap job is never kept out by callers' jobs: deletes and a
+         * disk running full need it. */
+        if (m->n_jobs >= JOBS_MAX && (type != JOB_REAP || job_type_running(m, JOB_REAP))) {
                 if (userdata_free)
                         userdata_free(userdata);
                 return -EAGAIN;

@@ -681,7 +681,9 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
 
         r = run_task(s, opts, name, ret, error_text, error_size);
 
-        if (!opts->in_source && (!opts->keep || r < 0)) {
+        /* A cancelled task was abandoned: nobody may be left to learn the
+         * name of a snapshot kept for it. */
+        if (!opts->in_source && (!opts->keep || r < 0 || ret->cancelled)) {
                 k = store_subvolume_delete(s, name, NULL);
                 if (k >= 0)
                         (void) store_reap_in_background(s);

@@ -258,6 +258,41 @@ def check_cancel_and_crash(bus, daemon, store):
     t.check_equal(d.names(bus), before, 'what the restarted daemon reports')
 
 
+def check_job_limit(bus, store):
+    """64 callers' jobs at once: the next is refused with TooManyJobs, and
+    a delete still gets its reap job."""
+    env = dict(os.environ, **bus.env)
+    stream = open(os.path.join(CORPUS, 'btrfs-v1-full'), 'rb').read()
+    pipes, clients = [], []
+    try:
+        for i in range(64):
+            read_end, write_end = os.pipe()
+            os.write(write_end, stream[:4096])
+            clients.append(subprocess.Popen([d.client_exe(), 'image', 'receive', f'stuck{i}'], stdin=read_end,
+                                            env=env, stderr=subprocess.DEVNULL))
+            os.close(read_end)
+            pipes.append(write_end)
+
+        def jobs():
+            return json.loads(d.cowbox(bus, '--json', 'jobs').out)
+
+        d.wait_for('64 receive jobs', lambda: len(jobs()) == 64, timeout=60)
+        r = d.gdbus_call(bus, 'Scrub', expect='fail')
+        t.check_equal(d.error_name(r), 'org.cowbox1.Error.TooManyJobs', 'a 65th job')
+        d.gdbus_call(bus, 'CreateSubvolume', 'doomed-at-the-limit')
+        d.cowbox(bus, 'rm', 'doomed-at-the-limit')
+        d.wait_for('the reap job of a delete at the job limit',
+                   lambda: any(j['type'] == 'reap' for j in jobs()) or store.usage()['deleted_subvolumes'] == 0)
+    finally:
+        for c in clients:
+            c.kill()
+            c.wait()
+        for w in pipes:
+            os.close(w)
+    d.wait_for('the jobs of callers that left to end', lambda: not json.loads(d.cowbox(bus, '--json', 'jobs').out),
+               timeout=60)
+
+
 def check_crash_while_reaping(bus, daemon, store):
     """kill -9 of the daemon while its reaper job runs: after a restart the
     space still comes back and the store checks out."""
@@ -411,6 +446,7 @@ def run():
             check_jobs_and_objects(bus, store)
             check_bad_arguments(bus, store)
             check_cancel_and_crash(bus, daemon, store)
+            check_job_limit(bus, store)
             check_crash_while_reaping(bus, daemon, store)
             nobody = check_access(bus, store)
         check_daemon_refuses(store, nobody)

@@ -148,8 +148,9 @@ def run():
             t.check(client.returncode != 0, f'a cancelled task\'s client: {client.returncode} {err}')
             d.wait_for('the cancelled task to leave nothing', lambda: no_sandboxes_left(store))
 
-            # A task whose caller is gone goes too, with its snapshot.
-            client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
+            # A task whose caller is gone goes too, with its snapshot, also
+            # one asked to keep it: nobody is left to learn its name.
+            client = subprocess.Popen([d.client_exe(), 'run', '--keep', 'checkout', '--', '/probe', 'sleep', '60'],
                                       env=dict(os.environ, **bus.env), stderr=subprocess.DEVNULL)
             d.wait_for('the task to start', run_jobs)
             client.kill()
