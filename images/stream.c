@@ -277,10 +277,11 @@ static int parse_attribute(StreamCommand *c, unsigned attr, const uint8_t *v, si
         case ATTR_CTIME: case ATTR_MTIME: case ATTR_ATIME: case ATTR_OTIME: {
                 struct timespec *ts = attr == ATTR_CTIME ? &c->ctime : attr == ATTR_MTIME ? &c->mtime :
                                       attr == ATTR_ATIME ? &c->atime : &c->otime;
-                uint64_t sec = get_le64(v);
+                /* Seconds as btrfs keeps them: signed, before 1970 negative. */
+                int64_t sec = (int64_t) get_le64(v);
                 uint32_t nsec = get_le32(v + 8);
 
-                if (sec > (uint64_t) INT64_MAX || nsec >= 1000000000u)
+                if (nsec >= 1000000000u)
                         return image_error_at(error, -EBADMSG, offset, "attribute %s is not a valid time",
                                               stream_attribute_name(attr));
                 *ts = (struct timespec) { .tv_sec = (time_t) sec, .tv_nsec = (long) nsec };

@@ -907,9 +907,22 @@ static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t of
 
 /* ---- extended attributes ---- */
 
+/* The namespaces a program may set, as on ext4: user, trusted and
+ * security, each with a name after its prefix. Others (system: ACLs are
+ * off; and none at all) are not supported. An image's received xattrs
+ * (btrfs.*) are the stream's, not set through here. */
+static int xattr_name_settable(const char *name) {
+        FOREACH_STRING(prefix, "user.", "trusted.", "security.")
+                if (startswith(name, prefix))
+                        return name[strlen(prefix)] ? 0 : -EINVAL;
+        return -EOPNOTSUPP;
+}
+
 static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size,
                         int flags) {
-        reply_status(req, volume_setxattr(server_of(req)->volume, ino, name, value, size, flags));
+        int r = xattr_name_settable(name);
+
+        reply_status(req, r < 0 ? r : volume_setxattr(server_of(req)->volume, ino, name, value, size, flags));
 }
 
 static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name) {
@@ -1190,6 +1203,8 @@ static int serve(Store *s, const char *name, const char *mountpoint, const Store
         }
         mount_ready(s, opts);
         r = session_serve(se, opts->max_threads > 0 ? opts->max_threads : default_threads());
+        /* A mount straight after this unmount waits for our last commit. */
+        volume_closing(srv.volume);
         volume_set_write_back(srv.volume, NULL, NULL);
         volume_set_before_wait(srv.volume, NULL);
 

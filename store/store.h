@@ -312,6 +312,11 @@ int volume_open(Store *s, const char *name, bool writable, Volume **ret, pid_t *
 /* Commits, releases the lock and frees. Returns NULL. */
 Volume *volume_close(Volume *v);
 
+/* Says in the lock that this volume is about to be closed (its mount is
+ * gone, only the last commit is left): one who wants to open it waits for
+ * that instead of failing with -EBUSY. */
+void volume_closing(Volume *v);
+
 bool volume_is_writable(const Volume *v);
 
 /* Whether the layer below the top may change under this volume: false for

@@ -887,54 +887,93 @@ int volume_fallocate(Volume *v, uint64_t ino, int mode, uint64_t offset, uint64_
         return top_change_end(v, &change, r ?: data_allocate(v, ino, mode, offset, length));
 }
 
+/* Block indexes already counted, so that a block an upper layer (or a
+ * dirty one) has hides a lower layer's at the same index. Sized by the
+ * blocks found, never by the file's size, which may be 2^63 - 1. The
+ * indexes of earlier layers are sorted; a layer's own are appended
+ * after them (a layer holds each index once) and sorted in when it is
+ * done. */
+typedef struct CountedBlocks {
+        uint64_t *idx;
+        size_t n, n_sorted, size;
+} CountedBlocks;
+
+static int u64_compare(const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
+
+        return x < y ? -1 : x > y;
+}
+
+static bool counted_has(const CountedBlocks *c, uint64_t idx) {
+        return c->n_sorted > 0 && bsearch(&idx, c->idx, c->n_sorted, sizeof *c->idx, u64_compare);
+}
+
+static int counted_add(CountedBlocks *c, uint64_t idx) {
+        if (c->n == c->size) {
+                size_t size = MAX(c->size * 2, (size_t) 64);
+                uint64_t *p = reallocarray(c->idx, size, sizeof *p);
+
+                if (!p)
+                        return -ENOMEM;
+                c->idx = p;
+                c->size = size;
+        }
+        c->idx[c->n++] = idx;
+        return 0;
+}
+
+static void counted_settle(CountedBlocks *c) {
+        if (c->n > c->n_sorted)
+                qsort(c->idx, c->n, sizeof *c->idx, u64_compare);
+        c->n_sorted = c->n;
+}
+
 uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
         uint64_t n_blocks, total = 0, limit = LOWER_LIMIT_NONE;
-        _cleanup_free_ uint8_t *seen = NULL;
+        CountedBlocks counted = {};
+        int r = 0;
 
         if (row->has_data)
                 return row->data_len;
         n_blocks = DIV_ROUND_UP(row->size, STORE_BLOCK_SIZE);
         if (n_blocks == 0)
                 return 0;
-        seen = calloc(DIV_ROUND_UP(n_blocks, 8), 1);
-        if (!seen)
-                return row->size;
 
-#define SEEN(i) (seen[(i) / 8] & (1u << ((i) % 8)))
-#define MARK(i) (seen[(i) / 8] |= (uint8_t) (1u << ((i) % 8)))
         /* A small file's blocks are looked up; a large one's found among
          * all dirty blocks. */
         if (n_blocks <= DIRTY_LOOKUP_BLOCKS) {
-                for (uint64_t idx = 0; v->n_dirty > 0 && idx < n_blocks; idx++)
+                for (uint64_t idx = 0; r >= 0 && v->n_dirty > 0 && idx < n_blocks; idx++)
                         if (dirty_find(v, row->ino, idx)) {
-                                MARK(idx);
+                                r = counted_add(&counted, idx);
                                 total += STORE_BLOCK_SIZE;
                         }
         } else
-                for (size_t h = 0; h < DIRTY_BUCKETS; h++)
-                        for (DirtyBlock *b = v->dirty[h]; b; b = b->next)
-                                if (b->ino == row->ino && b->idx < n_blocks && !SEEN(b->idx)) {
-                                        MARK(b->idx);
+                for (size_t h = 0; r >= 0 && h < DIRTY_BUCKETS; h++)
+                        for (DirtyBlock *b = v->dirty[h]; r >= 0 && b; b = b->next)
+                                if (b->ino == row->ino && b->idx < n_blocks) {
+                                        r = counted_add(&counted, b->idx);
                                         total += STORE_BLOCK_SIZE;
                                 }
+        counted_settle(&counted);
 
-        for (size_t i = 0; i < v->n_layers && limit > 0; i++) {
+        for (size_t i = 0; r >= 0 && i < v->n_layers && limit > 0; i++) {
                 sqlite3_stmt *st = v->layers[i].list_extents;
                 sqlite3_stmt *gi = v->layers[i].get_inode;
 
                 if (!st)
                         continue;
                 sqlite3_bind_int64(st, 1, (sqlite3_int64) row->ino);
-                while (sqlite3_step(st) == SQLITE_ROW) {
+                while (r >= 0 && sqlite3_step(st) == SQLITE_ROW) {
                         uint64_t idx = (uint64_t) sqlite3_column_int64(st, 0);
 
-                        if (idx >= n_blocks || SEEN(idx) || idx * STORE_BLOCK_SIZE >= limit)
+                        if (idx >= n_blocks || idx * STORE_BLOCK_SIZE >= limit || counted_has(&counted, idx))
                                 continue;
-                        MARK(idx);
+                        r = counted_add(&counted, idx);
                         if (sqlite3_column_type(st, 1) != SQLITE_NULL)
                                 total += (uint64_t) sqlite3_column_int64(st, 2);
                 }
                 sqlite3_reset(st);
+                counted_settle(&counted);
 
                 sqlite3_bind_int64(gi, 1, (sqlite3_int64) row->ino);
                 if (sqlite3_step(gi) == SQLITE_ROW)
@@ -942,8 +981,9 @@ uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
                                                    ? 0 : (uint64_t) sqlite3_column_int64(gi, 10));
                 sqlite3_reset(gi);
         }
-#undef SEEN
-#undef MARK
+        free(counted.idx);
+        if (r < 0)
+                return row->size;       /* out of memory: an estimate that is never too small */
         return MIN(total, DIV_ROUND_UP(row->size, 4096) * 4096);
 }
 

@@ -230,6 +230,11 @@ int extents_delete_from(Volume *v, uint64_t ino, uint64_t first_idx);
 int volume_commit_locked(Volume *v, uint64_t must_ino);
 void volume_mark_changed(Volume *v);
 int64_t timestamp_now(void);
+/* A time as the volume keeps it, nanoseconds since the epoch in an
+ * int64_t: a time outside its years (1677 to 2262) is clamped to them, as
+ * ext4 clamps to its own. And back, the nanoseconds never negative. */
+int64_t timestamp_from_timespec(const struct timespec *ts);
+struct timespec timestamp_to_timespec(int64_t ns);
 
 /* -EDQUOT if growing the subvolume by bytes would pass its limit. */
 int volume_check_quota(Volume *v, uint64_t bytes);

@@ -104,8 +104,11 @@ static int inode_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsig
                         r = data_truncate(v, &row, (uint64_t) attr->st_size);
                         if (r < 0)
                                 return r;
-                        row.mtime_ns = now;
                 }
+                /* Also to the same size: the kernel leaves the times of
+                 * open(O_TRUNC) and ftruncate() to us, and both change
+                 * them (make's ': > stamp' touches). */
+                row.mtime_ns = now;
         }
         if (valid & VOLUME_SET_MODE)
                 row.mode = (row.mode & S_IFMT) | (attr->st_mode & 07777);
@@ -116,11 +119,11 @@ static int inode_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsig
         if (valid & VOLUME_SET_ATIME_NOW)
                 row.atime_ns = now;
         else if (valid & VOLUME_SET_ATIME)
-                row.atime_ns = (int64_t) attr->st_atim.tv_sec * 1000000000 + attr->st_atim.tv_nsec;
+                row.atime_ns = timestamp_from_timespec(&attr->st_atim);
         if (valid & VOLUME_SET_MTIME_NOW)
                 row.mtime_ns = now;
         else if (valid & VOLUME_SET_MTIME)
-                row.mtime_ns = (int64_t) attr->st_mtim.tv_sec * 1000000000 + attr->st_mtim.tv_nsec;
+                row.mtime_ns = timestamp_from_timespec(&attr->st_mtim);
         row.ctime_ns = now;
 
         r = inode_put(v, &row);

@@ -27,6 +27,28 @@ int64_t timestamp_now(void) {
         return (int64_t) now_nsec();
 }
 
+#define NSEC_PER_SEC 1000000000
+/* The seconds whose every nanosecond an int64_t holds. */
+#define TIMESTAMP_SEC_MAX (INT64_MAX / NSEC_PER_SEC - 1)
+
+int64_t timestamp_from_timespec(const struct timespec *ts) {
+        if (ts->tv_sec > TIMESTAMP_SEC_MAX)
+                return INT64_MAX;
+        if (ts->tv_sec < -TIMESTAMP_SEC_MAX)
+                return INT64_MIN;
+        return (int64_t) ts->tv_sec * NSEC_PER_SEC + ts->tv_nsec;
+}
+
+struct timespec timestamp_to_timespec(int64_t ns) {
+        int64_t sec = ns / NSEC_PER_SEC, nsec = ns % NSEC_PER_SEC;
+
+        if (nsec < 0) {         /* before 1970: the second before, plus nanoseconds */
+                sec--;
+                nsec += NSEC_PER_SEC;
+        }
+        return (struct timespec) { .tv_sec = (time_t) sec, .tv_nsec = (long) nsec };
+}
+
 void inode_row_clear(InodeRow *row) {
         free(row->data);
         row->data = NULL;
@@ -707,6 +729,11 @@ Volume *volume_close(Volume *v) {
         return NULL;
 }
 
+void volume_closing(Volume *v) {
+        if (v && v->lock_fd >= 0)
+                (void) write_pid_file(v->lock_fd, " brief");
+}
+
 bool volume_is_writable(const Volume *v) {
         return v->writable;
 }
@@ -1098,9 +1125,9 @@ void inode_to_stat(Volume *v, const InodeRow *row, struct stat *ret) {
                 .st_rdev = (dev_t) row->rdev,
                 .st_size = (off_t) row->size,
                 .st_blksize = 4096,
-                .st_atim = { .tv_sec = row->atime_ns / 1000000000, .tv_nsec = row->atime_ns % 1000000000 },
-                .st_mtim = { .tv_sec = row->mtime_ns / 1000000000, .tv_nsec = row->mtime_ns % 1000000000 },
-                .st_ctim = { .tv_sec = row->ctime_ns / 1000000000, .tv_nsec = row->ctime_ns % 1000000000 },
+                .st_atim = timestamp_to_timespec(row->atime_ns),
+                .st_mtim = timestamp_to_timespec(row->mtime_ns),
+                .st_ctim = timestamp_to_timespec(row->ctime_ns),
         };
         if (S_ISREG(row->mode))
                 ret->st_blocks = (blkcnt_t) DIV_ROUND_UP(data_allocated_bytes(v, row), 512);

@@ -115,6 +115,8 @@ def make_every_kind(root, seed=1):
     os.chown(os.path.join(root, 'large.bin'), 4242, 77)
     os.chown(os.path.join(root, 'dangling'), 5, 6, follow_symlinks=False)
     set_all_times(root, rng)
+    # Before 1970: btrfs keeps the seconds signed, and so must a stream.
+    os.utime(os.path.join(root, 'suid'), ns=(-1_500_000_000, -315_619_199_750_000_000))
 
 
 def set_all_times(root, rng):

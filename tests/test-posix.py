@@ -137,6 +137,21 @@ def test_sparse(d):
         f.seek(20 * MiB - 10)
         t.check_bytes(f.read(26), zeros(10) + b'island' + zeros(10), 'data written into a hole')
 
+    # The largest sizes there are: a stat costs what the file holds, not
+    # what its size is (the server once counted blocks in a bitmap as long
+    # as the file).
+    huge = J(d, 'huge')
+    fd = open_rw(huge)
+    try:
+        os.ftruncate(fd, (1 << 63) - 1)
+        t.check_equal(os.fstat(fd).st_blocks, 0, 'st_blocks of a file of 2^63 - 1 bytes never written')
+        os.pwrite(fd, b'far', 1 << 62)
+        t.check_bytes(os.pread(fd, 5, (1 << 62) - 2), zeros(2) + b'far', 'data at 2^62')
+        t.check(0 < os.fstat(fd).st_blocks <= 64 * KiB // 512, f'3 bytes at 2^62 use {os.fstat(fd).st_blocks} blocks')
+    finally:
+        os.close(fd)
+    os.unlink(huge)
+
 
 def test_partly_written_blocks(d):
     """Writes, truncates and holes inside a block that is still in the
@@ -480,6 +495,12 @@ def test_xattrs(d):
     t.check_equal(os.getxattr(J(d, 'dir'), 'user.k42'), b'value 42', 'one of 50 xattrs')
     os.setxattr(p, 'trusted.cowbox', b'root only')
     t.check_equal(os.getxattr(p, 'trusted.cowbox'), b'root only', 'a trusted.* xattr')
+    # Names as ext4 takes them: a namespace it knows, and a name after it.
+    for name, err in (('foo', errno.EOPNOTSUPP), ('bogus.x', errno.EOPNOTSUPP), ('system.foo', errno.EOPNOTSUPP),
+                      ('user.', errno.EINVAL)):
+        t.expect_errno(err, os.setxattr, p, name, b'x', what=f'setxattr of the name {name!r}')
+    t.check_equal(sorted(n for n in os.listxattr(p) if not n.startswith(('user.', 'trusted.', 'security.'))), [],
+                  'names of xattrs refused')
 
 
 def test_attributes(d):
@@ -527,6 +548,29 @@ def test_attributes(d):
     os.utime(d, ns=(old, old))
     t.write_file(J(d, 'new-entry'), b'')
     t.check(os.stat(d).st_mtime_ns > old, 'creating an entry did not update the directory mtime')
+
+    # open(O_TRUNC) and ftruncate() change mtime also when the size stays:
+    # make's ': > stamp' touches its stamp that way.
+    stamp = J(d, 'stamp')
+    t.write_file(stamp, b'')
+    os.utime(stamp, ns=(old, old))
+    os.close(os.open(stamp, os.O_WRONLY | os.O_TRUNC))
+    t.check(os.stat(stamp).st_mtime_ns > old, 'open(O_TRUNC) of an empty file did not update mtime')
+    os.utime(stamp, ns=(old, old))
+    fd = os.open(stamp, os.O_WRONLY)
+    os.ftruncate(fd, 0)
+    os.close(fd)
+    t.check(os.stat(stamp).st_mtime_ns > old, 'ftruncate() to the same size did not update mtime')
+
+    # Before 1970, with a fraction; and past what the store keeps (years
+    # 1677 to 2262), clamped as ext4 clamps to its own range.
+    for ns in (-1_500_000_000, -315_619_199_750_000_000, -1):
+        os.utime(p, ns=(ns, ns))
+        st = os.stat(p)
+        t.check_equal((st.st_atime_ns, st.st_mtime_ns), (ns, ns), f'times of {ns} ns')
+    os.utime(p, ns=(10_413_792_000 * 10**9, -11_676_096_000 * 10**9))    # 2300 and 1600
+    st = os.stat(p)
+    t.check_equal((st.st_atime_ns, st.st_mtime_ns), (2**63 - 1, -2**63), 'times past what is kept, clamped')
 
 
 def test_attributes_before_writeback(d):
@@ -915,6 +959,23 @@ def test_log_moved_aside(m):
     t.check_equal(t.read_file(log + '.old'), old, 'log.old after a server started with a small log')
 
 
+def test_mount_after_unmount(store):
+    """A mount straight after fusermount3 -u: the old server may still be
+    making its last commit, and the new one waits for it."""
+    store.create('again')
+    path = store.new_dir('again')
+    for i in range(20):
+        store.run('mount', '--background', 'again', path)
+        # Unsynced: the unmount leaves the server a commit to make.
+        t.write_file(os.path.join(path, f'f{i}'), t.random_bytes(4 * MiB, i))
+        subprocess.run(['fusermount3', '-u', path], check=True)
+    store.run('mount', '--background', 'again', path)
+    try:
+        t.check_equal(sorted(os.listdir(path)), sorted(f'f{i}' for i in range(20)), 'files of 20 quick remounts')
+    finally:
+        subprocess.run(['fusermount3', '-u', path], check=True)
+
+
 def run():
     t.require_fuse()
     os.umask(0o022)
@@ -959,6 +1020,7 @@ def run():
             sub.run('the background server', test_background_server, m)
             sub.run("the store's log moved aside", test_log_moved_aside, m)
             sub.run('a signal stops the server', test_stop_on_signal, m)
+        sub.run('a mount straight after an unmount', test_mount_after_unmount, store)
         sub.check()
 
 
