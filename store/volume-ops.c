@@ -643,6 +643,20 @@ static int xattr_find(Volume *v, const InodeRow *row, const char *name, sqlite3_
         return 0;
 }
 
+/* The length of the inode's list of names, as listxattr() returns it. */
+static int xattr_names_size(Volume *v, const InodeRow *row, size_t *ret) {
+        sqlite3_stmt *st = v->layers[row->layer].list_xattrs;
+        size_t total = 0;
+        int r;
+
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) row->ino);
+        while ((r = sqlite_step_row(st)) > 0)
+                total += (size_t) sqlite3_column_bytes(st, 0) + 1;
+        sqlite3_reset(st);
+        *ret = total;
+        return r;
+}
+
 static int xattr_set(Volume *v, uint64_t ino, const char *name, const void *value, size_t size, int flags) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         sqlite3_stmt *st;
@@ -662,6 +676,17 @@ static int xattr_set(Volume *v, uint64_t ino, const char *name, const void *valu
                 return -EEXIST;
         if ((flags & XATTR_REPLACE) && !exists)
                 return -ENODATA;
+        /* A new name must leave the list within what listxattr() can
+         * return; ext4 runs out of room (ENOSPC) far sooner. */
+        if (!exists) {
+                size_t names = 0;
+
+                r = xattr_names_size(v, &row, &names);
+                if (r < 0)
+                        return r;
+                if (names + strlen(name) + 1 > XATTR_LIST_MAX)
+                        return -ENOSPC;
+        }
 
         st = v->top.put_xattr;
         sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);

@@ -501,6 +501,19 @@ def test_xattrs(d):
         t.expect_errno(err, os.setxattr, p, name, b'x', what=f'setxattr of the name {name!r}')
     t.check_equal(sorted(n for n in os.listxattr(p) if not n.startswith(('user.', 'trusted.', 'security.'))), [],
                   'names of xattrs refused')
+    # Names fill the list listxattr() returns (64 KiB) and no further.
+    many = J(d, 'many')
+    t.write_file(many, b'')
+    added = 0
+    for i in range(400):
+        try:
+            os.setxattr(many, f'user.{i:03d}' + 'n' * 240, b'')
+        except OSError as e:
+            t.check_equal(e.errno, errno.ENOSPC, 'setxattr of a name past the list\'s room')
+            break
+        added += 1
+    names = os.listxattr(many)
+    t.check(200 < added < 400 and len(names) == added, f'{added} long xattr names set, {len(names)} listed')
 
 
 def test_attributes(d):
