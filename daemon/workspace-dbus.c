@@ -275,8 +275,10 @@ static void watch_one(Manager *m, Workspace *ws, bool disk_full, uint64_t disk_f
         StoreSubvolumeInfo info = {};
         uint64_t used;
 
-        if (!workspace_is_served(ws, m->store))
-                (void) workspace_mount(ws, m->store, m->store_path);      /* its server died: serve it again */
+        /* Its server died: serve it again. Not while its subvolume is
+         * mounted elsewhere: that mount would fail, after a wait. */
+        if (!workspace_is_served(ws, m->store) && !workspace_is_held_elsewhere(ws, m->store))
+                (void) workspace_mount(ws, m->store, m->store_path);
         /* A full disk stops every workspace's writers: each is told. */
         if (disk_full && !ws->disk_full)
                 (void) sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "WorkspaceDiskFull",

@@ -222,17 +222,29 @@ bool workspace_is_mounted(const Workspace *ws) {
         return path_is_mount_point(ws->path);
 }
 
-bool workspace_is_served(const Workspace *ws, Store *s) {
+static pid_t subvolume_holder(const Workspace *ws, Store *s) {
         _cleanup_free_ char *subvolume = NULL;
         StoreSubvolumeInfo info = {};
-        pid_t server;
+        pid_t holder;
 
-        if (!workspace_is_mounted(ws) || workspace_subvolume(ws->name, NULL, &subvolume) < 0 ||
-            store_subvolume_show(s, subvolume, &info) < 0)
-                return false;
-        server = info.mounted_by;
+        if (workspace_subvolume(ws->name, NULL, &subvolume) < 0 || store_subvolume_show(s, subvolume, &info) < 0)
+                return 0;
+        holder = info.mounted_by;
         store_subvolume_info_clear(&info);
-        return server > 0;
+        return holder;
+}
+
+bool workspace_is_served(const Workspace *ws, Store *s) {
+        return workspace_is_mounted(ws) && subvolume_holder(ws, s) > 0;
+}
+
+bool workspace_is_held_elsewhere(const Workspace *ws, Store *s) {
+        pid_t holder;
+
+        if (workspace_is_mounted(ws))
+                return false;
+        holder = subvolume_holder(ws, s);
+        return holder > 0 && !process_is_exiting(holder);
 }
 
 /* Whether path is dir or lies below it. */
@@ -431,18 +443,11 @@ int workspace_unmount(const Workspace *ws, Store *s) {
         r = workspace_subvolume(ws->name, NULL, &subvolume);
         if (r < 0)
                 return r;
-        if (!workspace_is_mounted(ws)) {
+        if (workspace_is_held_elsewhere(ws, s))
                 /* Not its server: someone mounted the subvolume elsewhere,
                  * and will not let go because we wait. */
-                StoreSubvolumeInfo info = {};
-                pid_t holder = 0;
-
-                if (store_subvolume_show(s, subvolume, &info) >= 0)
-                        holder = info.mounted_by;
-                store_subvolume_info_clear(&info);
-                if (holder > 0 && !process_is_exiting(holder))
-                        return -EBUSY;
-        } else if (umount2(ws->path, UMOUNT_NOFOLLOW) < 0) {
+                return -EBUSY;
+        if (workspace_is_mounted(ws) && umount2(ws->path, UMOUNT_NOFOLLOW) < 0) {
                 if (errno != EBUSY)
                         return -errno;
                 /* A dead server's mount is busy only for the kernel. */

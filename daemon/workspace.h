@@ -80,6 +80,8 @@ int workspace_unmount(const Workspace *ws, Store *s);
 bool workspace_is_mounted(const Workspace *ws);
 /* Mounted, and its server alive: a dead server's mount stays listed. */
 bool workspace_is_served(const Workspace *ws, Store *s);
+/* Not mounted at its path, yet its subvolume is mounted by a live process. */
+bool workspace_is_held_elsewhere(const Workspace *ws, Store *s);
 
 int workspace_remove(Workspaces *w, Store *s, const char *name);
 int workspace_set_limit(Workspaces *w, Store *s, const char *name, uint64_t limit);

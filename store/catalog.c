@@ -538,10 +538,10 @@ static bool lock_is_brief(Store *s, const char *name) {
 }
 
 int subvolume_lock(Store *s, uint64_t id, bool exclusive, pid_t *ret_holder) {
-        return subvolume_lock_full(s, id, exclusive, false, ret_holder);
+        return subvolume_lock_full(s, id, exclusive, 0, ret_holder);
 }
 
-int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, bool brief, pid_t *ret_holder) {
+int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, SubvolumeLockFlags flags, pid_t *ret_holder) {
         _cleanup_close_ int fd = -EBADF;
         char name[32];
         int r;
@@ -572,12 +572,14 @@ int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, bool brief, pid_t
                  * straight after a crash waits for it rather than fail. A
                  * holder that needs it for a moment (a fold, a snapshot) is
                  * waited for too. So is one that took the lock and has not
-                 * written its pid yet: the file names nobody alive. */
+                 * written its pid yet: the file names nobody alive. A patient
+                 * caller waits as long for a holder that lives. */
                 if (lock_is_brief(s, name) && waited < LOCK_BRIEF_WAIT_USEC) {
                         (void) usleep(LOCK_RETRY_USEC);
                         continue;
                 }
-                if ((holder > 0 && !process_is_exiting(holder)) || waited >= LOCK_EXITING_WAIT_USEC) {
+                if ((holder > 0 && !process_is_exiting(holder) && !(flags & SUBVOLUME_LOCK_PATIENT)) ||
+                    waited >= LOCK_EXITING_WAIT_USEC) {
                         if (ret_holder)
                                 *ret_holder = holder;
                         return -EBUSY;
@@ -586,7 +588,7 @@ int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, bool brief, pid_t
         }
 
         /* The holder's pid is for messages only; the lock itself is the flock. */
-        r = write_pid_file(fd, brief ? " brief" : "");
+        r = write_pid_file(fd, flags & SUBVOLUME_LOCK_BRIEF ? " brief" : "");
         if (r < 0)
                 return r;
         return TAKE_FD(fd);

@@ -279,7 +279,7 @@ static int fold_one(Store *s, const FoldCandidate *fc, Pace *pace, StoreReapStat
         int r;
 
         if (fc->writer != 0) {
-                lock = subvolume_lock_full(s, fc->writer, true, true, NULL);
+                lock = subvolume_lock_full(s, fc->writer, true, SUBVOLUME_LOCK_BRIEF, NULL);
                 if (lock == -EBUSY)
                         return 0;
                 if (lock < 0)

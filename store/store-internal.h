@@ -165,9 +165,17 @@ int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, 
  * that need it unmounted), shared for read-only servers. -EBUSY with the
  * holder's pid if it is taken. Returns the lock fd. */
 int subvolume_lock(Store *s, uint64_t id, bool exclusive, pid_t *ret_holder);
-/* As subvolume_lock(); brief says the lock is held for a moment only (a
- * fold, a snapshot): others wait for it rather than fail with -EBUSY. */
-int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, bool brief, pid_t *ret_holder);
+
+typedef enum SubvolumeLockFlags {
+        /* Held for a moment only (a fold, a snapshot): others wait for it
+         * rather than fail with -EBUSY. */
+        SUBVOLUME_LOCK_BRIEF = 1 << 0,
+        /* For a volume: a holder that is alive is given a moment too, for
+         * a server whose mount is gone finishes before it says so. */
+        SUBVOLUME_LOCK_PATIENT = 1 << 1,
+} SubvolumeLockFlags;
+
+int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, SubvolumeLockFlags flags, pid_t *ret_holder);
 
 /* 1 and the holder's pid if a process has the subvolume mounted writable. */
 int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder);

@@ -460,7 +460,7 @@ static int snapshot_once(Store *s, const char *source, const char *name, bool re
         /* A writable source: whoever holds its lock owns its top layer. If a
          * server has it mounted, it takes the snapshot itself, at a point
          * where everything written before is committed. */
-        lock_fd = subvolume_lock_full(s, src.id, true, true, NULL);
+        lock_fd = subvolume_lock_full(s, src.id, true, SUBVOLUME_LOCK_BRIEF, NULL);
         if (lock_fd == -EBUSY)
                 return control_request_snapshot(s, src.id, name, readonly);
         if (lock_fd < 0)
@@ -569,7 +569,7 @@ static int set_readonly_once(Store *s, const char *name, bool readonly) {
 
         /* Nobody may serve it while its top layer changes hands; read it
          * again once that is so (see snapshot_once()). */
-        lock_fd = subvolume_lock_full(s, rec.id, true, true, NULL);
+        lock_fd = subvolume_lock_full(s, rec.id, true, SUBVOLUME_LOCK_BRIEF, NULL);
         if (lock_fd < 0)
                 return lock_fd;
         id = rec.id;

@@ -888,15 +888,31 @@ int volume_fallocate(Volume *v, uint64_t ino, int mode, uint64_t offset, uint64_
 }
 
 /* Block indexes already counted, so that a block an upper layer (or a
- * dirty one) has hides a lower layer's at the same index. Sized by the
- * blocks found, never by the file's size, which may be 2^63 - 1. The
- * indexes of earlier layers are sorted; a layer's own are appended
+ * dirty one) has hides a lower layer's at the same index. A bit a block
+ * for a file of up to 512 GiB; past that, the indexes found, since a size
+ * may be 2^63 - 1: those of earlier layers sorted, a layer's own appended
  * after them (a layer holds each index once) and sorted in when it is
  * done. */
+#define COUNTED_BITMAP_BLOCKS_MAX (UINT64_C(8) << 20)
+
 typedef struct CountedBlocks {
+        uint8_t *bitmap;
         uint64_t *idx;
         size_t n, n_sorted, size;
 } CountedBlocks;
+
+static int counted_init(CountedBlocks *c, uint64_t n_blocks) {
+        *c = (CountedBlocks) {};
+        if (n_blocks > COUNTED_BITMAP_BLOCKS_MAX)
+                return 0;
+        c->bitmap = calloc(DIV_ROUND_UP(n_blocks, 8), 1);
+        return c->bitmap ? 0 : -ENOMEM;
+}
+
+static void counted_done(CountedBlocks *c) {
+        free(c->bitmap);
+        free(c->idx);
+}
 
 static int u64_compare(const void *a, const void *b) {
         uint64_t x = *(const uint64_t *) a, y = *(const uint64_t *) b;
@@ -905,10 +921,16 @@ static int u64_compare(const void *a, const void *b) {
 }
 
 static bool counted_has(const CountedBlocks *c, uint64_t idx) {
+        if (c->bitmap)
+                return c->bitmap[idx / 8] & (1u << (idx % 8));
         return c->n_sorted > 0 && bsearch(&idx, c->idx, c->n_sorted, sizeof *c->idx, u64_compare);
 }
 
 static int counted_add(CountedBlocks *c, uint64_t idx) {
+        if (c->bitmap) {
+                c->bitmap[idx / 8] |= (uint8_t) (1u << (idx % 8));
+                return 0;
+        }
         if (c->n == c->size) {
                 size_t size = MAX(c->size * 2, (size_t) 64);
                 uint64_t *p = reallocarray(c->idx, size, sizeof *p);
@@ -930,14 +952,15 @@ static void counted_settle(CountedBlocks *c) {
 
 uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
         uint64_t n_blocks, total = 0, limit = LOWER_LIMIT_NONE;
-        CountedBlocks counted = {};
-        int r = 0;
+        CountedBlocks counted;
+        int r;
 
         if (row->has_data)
                 return row->data_len;
         n_blocks = DIV_ROUND_UP(row->size, STORE_BLOCK_SIZE);
         if (n_blocks == 0)
                 return 0;
+        r = counted_init(&counted, n_blocks);
 
         /* A small file's blocks are looked up; a large one's found among
          * all dirty blocks. */
@@ -981,7 +1004,7 @@ uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
                                                    ? 0 : (uint64_t) sqlite3_column_int64(gi, 10));
                 sqlite3_reset(gi);
         }
-        free(counted.idx);
+        counted_done(&counted);
         if (r < 0)
                 return row->size;       /* out of memory: an estimate that is never too small */
         return MIN(total, DIV_ROUND_UP(row->size, 4096) * 4096);

@@ -661,7 +661,7 @@ int volume_open(Store *s, const char *name, bool writable, Volume **ret, pid_t *
         /* Read-only servers share the lock, so that nobody mounts the
          * subvolume writable under them. */
         if (!rec.readonly) {
-                r = subvolume_lock(s, rec.id, writable, ret_holder);
+                r = subvolume_lock_full(s, rec.id, writable, writable ? SUBVOLUME_LOCK_PATIENT : 0, ret_holder);
                 if (r < 0)
                         goto fail;
                 v->lock_fd = r;
