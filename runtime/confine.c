@@ -8,6 +8,7 @@
  */
 
 #include <errno.h>
+#include <sched.h>
 #include <linux/capability.h>
 #include <seccomp.h>
 #include <stdlib.h>
@@ -61,7 +62,15 @@ static const char *const refused_syscalls[] = {
         "perf_event_open", "ptrace", "process_vm_readv", "process_vm_writev", "open_by_handle_at",
         "name_to_handle_at", "setns", "unshare", "acct", "quotactl", "settimeofday", "clock_settime",
         "clock_adjtime", "adjtimex", "syslog", "userfaultfd", "lookup_dcookie", "iopl", "ioperm",
-        "vhangup", "kcmp", "nfsservctl", "uselib", "personality", "fanotify_init",
+        "vhangup", "kcmp", "nfsservctl", "uselib", "personality", "fanotify_init", "pidfd_getfd",
+        "process_madvise", "io_uring_setup", "io_uring_enter", "io_uring_register",
+};
+
+/* New namespaces are refused through clone() as through unshare(): a user
+ * namespace would give the task the kernel's surface of a namespace's
+ * root (netfilter, raw sockets) again. */
+static const unsigned long namespace_flags[] = {
+        CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWCGROUP,
 };
 
 static bool in_list(char *const *list, const char *name) {
@@ -107,6 +116,15 @@ static int load_filter(const SandboxOptions *opts) {
                 if (nr == __NR_SCMP_ERROR || in_list(opts->allow_syscalls, refused_syscalls[i]))
                         continue;
                 r = seccomp_rule_add(ctx, action, nr, 0);
+        }
+        if (!in_list(opts->allow_syscalls, "unshare")) {
+                for (size_t i = 0; i < sizeof namespace_flags / sizeof namespace_flags[0] && r >= 0; i++)
+                        r = seccomp_rule_add(ctx, action, SCMP_SYS(clone), 1,
+                                             SCMP_A0(SCMP_CMP_MASKED_EQ, namespace_flags[i], namespace_flags[i]));
+                /* clone3()'s flags are in memory the filter cannot read:
+                 * ENOSYS makes the C library fall back to clone(). */
+                if (r >= 0)
+                        r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
         }
         /* The filter keeps no_new_privs itself. */
         if (r >= 0)

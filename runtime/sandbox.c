@@ -84,7 +84,11 @@ static int make_dev(const char *root) {
         char path[4096], src[64];
 
         snprintf(path, sizeof path, "%s/dev", root);
-        if (mkdir_p(path, 0755) < 0 || mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k") < 0)
+        /* nodev: a node the task makes (it keeps CAP_MKNOD, as package
+         * installs need) opens nothing; the nodes bound in keep their own
+         * mounts' flags. */
+        if (mkdir_p(path, 0755) < 0 ||
+            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NOEXEC | MS_NODEV, "mode=755,size=64k") < 0)
                 return -errno;
         for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
                 int fd;
@@ -113,6 +117,19 @@ static int make_proc_tmp(const char *root) {
         snprintf(path, sizeof path, "%s/proc", root);
         if (mkdir_p(path, 0555) < 0 || mount("proc", path, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
                 return -errno;
+        /* The host's knobs in /proc are the host's: root in a sandbox
+         * without a user namespace could write kernel.core_pattern, and
+         * run a program of its own as the host's root. Read-only, as
+         * container engines leave them. */
+        FOREACH_STRING(knob, "sys", "sysrq-trigger", "irq", "bus", "fs") {
+                snprintf(path, sizeof path, "%s/proc/%s", root, knob);
+                if (access(path, F_OK) < 0)
+                        continue;
+                if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) < 0 ||
+                    mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                          NULL) < 0)
+                        return -errno;
+        }
         snprintf(path, sizeof path, "%s/tmp", root);
         if (mkdir_p(path, 01777) < 0 || mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
                 return -errno;
@@ -246,6 +263,12 @@ static void init_main(const Plan *p) {
 
         /* If the sandbox's starter dies, everything in it goes too. */
         (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
+        /* Nothing of the caller's or the store's reaches the task: a
+         * directory left open is a way out of any root. Only the pipe for
+         * errors stays, until the task runs. */
+        if ((p->error_fd > 3 && close_range(3, (unsigned) p->error_fd - 1, 0) < 0) ||
+            close_range((unsigned) p->error_fd + 1, ~0U, 0) < 0)
+                child_fail(p->error_fd, errno, "cannot close the descriptors it inherited: %m");
         /* The logs are host files: opened before the root changes. */
         redirect(p, p->opts->stdout_path, STDOUT_FILENO);
         redirect(p, p->opts->stderr_path, STDERR_FILENO);

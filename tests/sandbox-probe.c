@@ -14,6 +14,10 @@
  *   sleep SECONDS
  *   mark ID              writes /mark-ID, waits a second, lists the marks it sees
  *   print BYTES          prints BYTES bytes of \x01, which JSON escapes six times over
+ *   sysctl PATH          writes a /proc/sys file's own value back to it
+ *   mknod                makes a node of /dev/null's numbers in /dev and opens it
+ *   fds                  counts the open descriptors past 2
+ *   clone-ns | clone3-ns makes a user namespace with clone() or clone3()
  *   mount | module | unshare | ptrace PID | chroot-escape | ls DIR
  */
 
@@ -23,6 +27,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +35,9 @@
 #include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
+#include <linux/sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -142,6 +149,56 @@ static int cmd_chroot_escape(void) {
         return cmd_info(), printf("usr %s\n", access("/usr", F_OK) == 0 ? "visible" : "absent"), 0;
 }
 
+static int cmd_sysctl(const char *path) {
+        char value[4096];
+        ssize_t n;
+        int fd = open(path, O_RDONLY);
+
+        if (fd < 0)
+                return result("sysctl", -1);
+        n = read(fd, value, sizeof value);
+        close(fd);
+        fd = open(path, O_WRONLY);
+        if (n < 0 || fd < 0)
+                return result("sysctl", -1);
+        n = write(fd, value, (size_t) n);
+        close(fd);
+        return result("sysctl", n < 0 ? -1 : 0);
+}
+
+static int cmd_mknod(void) {
+        int fd;
+
+        if (mknod("/dev/probe-null", S_IFCHR | 0666, makedev(1, 3)) < 0)
+                return result("mknod", -1);
+        fd = open("/dev/probe-null", O_RDWR);
+        return result("mknod-open", fd);
+}
+
+static int cmd_fds(void) {
+        DIR *d = opendir("/proc/self/fd");
+        struct dirent *de;
+        int n = 0;
+
+        while (d && (de = readdir(d)))
+                if (atoi(de->d_name) > 2 && atoi(de->d_name) != dirfd(d))
+                        n++;
+        printf("fds %d\n", n);
+        return 0;
+}
+
+static int cmd_clone_ns(bool clone3) {
+        struct clone_args args = { .flags = CLONE_NEWUSER, .exit_signal = SIGCHLD };
+        long pid = clone3 ? syscall(SYS_clone3, &args, sizeof args)
+                          : syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, NULL, NULL, NULL, 0);
+
+        if (pid == 0)
+                _exit(0);
+        if (pid > 0)
+                (void) waitpid((pid_t) pid, NULL, 0);
+        return result(clone3 ? "clone3-ns" : "clone-ns", pid < 0 ? -1 : 0);
+}
+
 static int cmd_ls(const char *path) {
         DIR *d = opendir(path);
         struct dirent *de;
@@ -218,6 +275,14 @@ int main(int argc, char *argv[]) {
         }
         if (!strcmp(cmd, "ls") && argc > 2)
                 return cmd_ls(argv[2]);
+        if (!strcmp(cmd, "sysctl") && argc > 2)
+                return cmd_sysctl(argv[2]);
+        if (!strcmp(cmd, "mknod"))
+                return cmd_mknod();
+        if (!strcmp(cmd, "fds"))
+                return cmd_fds();
+        if (!strcmp(cmd, "clone-ns") || !strcmp(cmd, "clone3-ns"))
+                return cmd_clone_ns(!strcmp(cmd, "clone3-ns"));
         if (!strcmp(cmd, "print") && argc > 2) {
                 for (long n = atol(argv[2]); n > 0; n--)
                         putchar('\x01');

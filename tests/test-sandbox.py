@@ -151,11 +151,26 @@ def check_limits(store):
 def check_escapes(store):
     for args, want in ((['mount'], 'mount EPERM'), (['module'], 'module EPERM'),
                        (['unshare'], 'unshare EPERM'), (['ptrace', '1'], 'ptrace EPERM'),
-                       (['ptrace', str(os.getpid())], 'ptrace E')):
+                       (['ptrace', str(os.getpid())], 'ptrace E'),
+                       # The host's kernel knobs: root could run a program of
+                       # its own as the host's root through core_pattern.
+                       (['sysctl', '/proc/sys/kernel/core_pattern'], 'sysctl EROFS'),
+                       # A node it makes (CAP_MKNOD) opens no device.
+                       (['mknod'], 'mknod-open EACCES'),
+                       (['clone-ns'], 'clone-ns EPERM'), (['clone3-ns'], 'clone3-ns ENOSYS')):
         r, _ = run(store, 'img', '--', '/probe', *args)
         t.check(r.out.startswith(want), f'{args} inside a sandbox: {r.out}')
     r, _ = run(store, 'img', '--', '/probe', 'chroot-escape')
     t.check('usr absent' in r.out, f'a chroot escape reached the host: {r.out}')
+
+    # A directory the caller left open is no way out of the root.
+    fd = os.open('/', os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        p = subprocess.run([t.tool(), '--store', store.path, 'run', 'img', '--', '/probe', 'fds'], pass_fds=(fd,),
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        os.close(fd)
+    t.check_equal(p.stdout.strip(), 'fds 0', f'descriptors a task inherits ({p.stderr.strip()})')
 
     workdir = store.new_dir('workdir')
     victim = os.path.join(store.tmp, 'victim')
