@@ -78,6 +78,29 @@ static int mkdir_p(const char *path, mode_t mode) {
         return mkdir(buf, mode) < 0 && errno != EEXIST ? -errno : 0;
 }
 
+/* Whether a component of path past its first skip bytes is a symbolic
+ * link. */
+static bool path_has_symlink(const char *path, size_t skip) {
+        char buf[4096];
+        struct stat st;
+
+        snprintf(buf, sizeof buf, "%s", path);
+        for (char *p = buf + skip + 1;; p++) {
+                bool end = *p == 0;
+
+                if (*p != '/' && !end)
+                        continue;
+                *p = 0;
+                if (lstat(buf, &st) < 0)
+                        return false;   /* what does not exist yet is made, as a directory */
+                if (S_ISLNK(st.st_mode))
+                        return true;
+                if (end)
+                        return false;
+                *p = '/';
+        }
+}
+
 /* A minimal /dev: a tmpfs with the host's harmless nodes bound in. */
 static int make_dev(const char *root) {
         static const char *const nodes[] = { "null", "zero", "full", "random", "urandom", "tty" };
@@ -184,6 +207,11 @@ static void setup_mounts(const Plan *p) {
                 /* Under the private /tmp, the path is made; elsewhere the
                  * read-only host must have it. */
                 snprintf(target, sizeof target, "%s%s", root, p->opts->workdir);
+                /* Looked up before the root changes, a symbolic link would
+                 * lead to the host's directories, writable: none is taken. */
+                if (path_has_symlink(target, strlen(root)))
+                        child_fail(p->error_fd, ELOOP, "the working tree's path %s goes through a symbolic link",
+                                   p->opts->workdir);
                 (void) mkdir_p(target, 0755);
                 if (mount(p->mountpoint, target, NULL, MS_BIND, NULL) < 0)
                         child_fail(p->error_fd, errno, "cannot mount the snapshot at %s (it must be a directory "

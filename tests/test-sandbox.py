@@ -181,6 +181,15 @@ def check_escapes(store):
     t.check_equal(t.read_file(victim), b'host file\n', 'a host file after a workdir sandbox wrote to it')
     t.check('written' in r.out, f'the workdir sandbox writes its working tree: {r.out} {r.err}')
 
+    # A working tree's path through a symbolic link would be looked up on
+    # the writable host: refused, and nothing made there.
+    target = store.new_dir('link-target')
+    os.symlink(target, os.path.join(store.tmp, 'link'))
+    r = store.run('run', '--workdir', os.path.join(store.tmp, 'link', 'sub'), 'img', '--', '/probe', 'info',
+                  expect=1)
+    t.check('symbolic link' in r.err, f'a working tree through a symbolic link:\n{r.err}')
+    t.check_equal(os.listdir(target), [], 'the directory a working tree\'s symbolic link points to')
+
 
 def reap_all(store):
     deadline = time.monotonic() + 30
