@@ -336,11 +336,12 @@ static int start_server(Store *s, const char *name, const char *mountpoint, cons
         _cleanup_close_ int rfd = -EBADF;
         int fds[2], r;
         char buf[4];
-        pid_t pid;
+        pid_t pid, caller;
 
         if (pipe2(fds, O_CLOEXEC) < 0)
                 return -errno;
         rfd = fds[0];
+        caller = getpid();
         pid = fork();
         if (pid < 0) {
                 close(fds[1]);
@@ -387,6 +388,10 @@ static int start_server(Store *s, const char *name, const char *mountpoint, cons
                 /* Before any descriptor is closed: see store.h. */
                 store_close_inherited();
                 (void) setsid();
+                /* A caller killed with -9 leaves no mount served behind:
+                 * SIGTERM unmounts and ends the server. */
+                if (prctl(PR_SET_PDEATHSIG, SIGTERM) < 0 || getppid() != caller)
+                        _exit(EXIT_FAILURE);
                 if (!path || dup2(fds[1], 3) < 0 || close_range(4, ~0U, 0) < 0)
                         _exit(EXIT_FAILURE);
                 if (store_open(path, &own) < 0)

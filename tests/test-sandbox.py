@@ -191,6 +191,35 @@ def check_escapes(store):
     t.check_equal(os.listdir(target), [], 'the directory a working tree\'s symbolic link points to')
 
 
+def check_caller_killed(store):
+    """kill -9 of cowbox-store run: the task dies with it (PID namespace)
+    and so does the server of its snapshot, leaving no mount behind."""
+    base = store.path + '-sandboxes/'
+
+    def mounts():
+        return [m for m in t.mount_table() if m.startswith(base)]
+
+    p = subprocess.Popen([t.tool(), '--store', store.path, 'run', 'img', '--', '/probe', 'sleep', '60'],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not mounts() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    t.check(mounts(), 'the snapshot of a running task is mounted')
+    time.sleep(0.5)
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 15
+    while mounts() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    t.check_equal(mounts(), [], 'mounts of a task whose caller was killed')
+    # Its snapshot stays, for a look at what the task left: it is named
+    # after the killed process, and deleted by hand.
+    left = [n for n in store.names() if n.startswith(f'sandbox-{p.pid}-')]
+    t.check_equal(len(left), 1, 'the snapshot of a task whose caller was killed')
+    for name in left:
+        store.delete(name)
+
+
 def reap_all(store):
     deadline = time.monotonic() + 30
     store.reap()
@@ -231,6 +260,7 @@ def run_test():
         check_io(store)
         check_limits(store)
         check_escapes(store)
+        check_caller_killed(store)
         check_many(store)
         store.fsck()
 
