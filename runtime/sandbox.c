@@ -612,7 +612,10 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, Sand
                         .sandboxes_dir = sandboxes,
                         .error_fd = errfds[1],
                 };
-                int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS |
+                /* The cgroup namespace is made in the sandbox's cgroup, joined
+                 * first: the task sees its cgroup as the root, and no host
+                 * path. */
+                int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP |
                             (opts->host_network ? 0 : CLONE_NEWNET);
                 sigset_t none;
                 pid_t init;

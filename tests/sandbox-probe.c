@@ -18,6 +18,7 @@
  *   mknod                makes a node of /dev/null's numbers in /dev and opens it
  *   fds                  counts the open descriptors past 2
  *   clone-ns | clone3-ns makes a user namespace with clone() or clone3()
+ *   cgroup               prints the cgroup paths of /proc/self/cgroup
  *   mount | module | unshare | ptrace PID | chroot-escape | ls DIR
  */
 
@@ -281,6 +282,16 @@ int main(int argc, char *argv[]) {
                 return cmd_mknod();
         if (!strcmp(cmd, "fds"))
                 return cmd_fds();
+        if (!strcmp(cmd, "cgroup")) {
+                char line[4096];
+                FILE *f = fopen("/proc/self/cgroup", "re");
+
+                printf("cgroups");
+                while (f && fgets(line, sizeof line, f))
+                        printf(" %s", strrchr(line, ':') ? strtok(strrchr(line, ':') + 1, "\n") ?: "" : "?");
+                printf("\n");
+                return 0;
+        }
         if (!strcmp(cmd, "clone-ns") || !strcmp(cmd, "clone3-ns"))
                 return cmd_clone_ns(!strcmp(cmd, "clone3-ns"));
         if (!strcmp(cmd, "print") && argc > 2) {

@@ -163,6 +163,12 @@ def check_escapes(store):
     r, _ = run(store, 'img', '--', '/probe', 'chroot-escape')
     t.check('usr absent' in r.out, f'a chroot escape reached the host: {r.out}')
 
+    # The task's cgroups are its namespace's root: no host path shows.
+    r, _ = run(store, 'img', '--', '/probe', 'cgroup')
+    words = r.out.split()
+    t.check(words[:1] == ['cgroups'] and len(words) > 1 and all(w == '/' for w in words[1:]),
+            f'the cgroups a task sees: {r.out}')
+
     # A directory the caller left open is no way out of the root.
     fd = os.open('/', os.O_RDONLY | os.O_DIRECTORY)
     try:
