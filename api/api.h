@@ -70,9 +70,9 @@ json_t *api_usage_to_json(const StoreUsage *usage);
 
 /* Parses a method's JSON options: an object whose keys must all be among
  * the allowed ones, each of the JSON type given ('s' string, 'b' boolean,
- * 'u' unsigned integer, 'i' a user or group ID: below 2^32 - 1). "" or "{}" is an empty object. On a mistake,
- * sets error (API_ERROR_INVALID_JSON) with a sentence and returns
- * -EINVAL. */
+ * 'u' unsigned integer, 'i' a user or group ID: below 2^32 - 1). "" or
+ * "{}" is an empty object. On a mistake, sets error
+ * (API_ERROR_INVALID_JSON) with a sentence and returns -EINVAL. */
 typedef struct ApiOption {
         const char *key;
         char type;

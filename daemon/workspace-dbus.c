@@ -277,7 +277,7 @@ static void watch_one(Manager *m, Workspace *ws, bool disk_full, uint64_t disk_f
 
         /* Its server died: serve it again. Not while its subvolume is
          * mounted elsewhere: that mount would fail, after a wait. */
-        if (!workspace_is_served(ws, m->store) && !workspace_is_held_elsewhere(ws, m->store))
+        if (workspace_server(ws, m->store) == WORKSPACE_NOT_SERVED)
                 (void) workspace_mount(ws, m->store, m->store_path);
         /* A full disk stops every workspace's writers: each is told. */
         if (disk_full && !ws->disk_full)

@@ -234,17 +234,12 @@ static pid_t subvolume_holder(const Workspace *ws, Store *s) {
         return holder;
 }
 
-bool workspace_is_served(const Workspace *ws, Store *s) {
-        return workspace_is_mounted(ws) && subvolume_holder(ws, s) > 0;
-}
-
-bool workspace_is_held_elsewhere(const Workspace *ws, Store *s) {
-        pid_t holder;
+WorkspaceServer workspace_server(const Workspace *ws, Store *s) {
+        pid_t holder = subvolume_holder(ws, s);
 
         if (workspace_is_mounted(ws))
-                return false;
-        holder = subvolume_holder(ws, s);
-        return holder > 0 && !process_is_exiting(holder);
+                return holder > 0 ? WORKSPACE_SERVED : WORKSPACE_NOT_SERVED;
+        return holder > 0 && !process_is_exiting(holder) ? WORKSPACE_HELD_ELSEWHERE : WORKSPACE_NOT_SERVED;
 }
 
 /* Whether path is dir or lies below it. */
@@ -380,9 +375,7 @@ int workspace_mount(const Workspace *ws, Store *s, const char *store_path) {
         pid_t pid;
 
         if (workspace_is_mounted(ws)) {
-                /* Asked of the store, not of the mount: the kernel answers
-                 * stat() of a dead mount from its cache for a long time. */
-                if (workspace_is_served(ws, s))
+                if (workspace_server(ws, s) == WORKSPACE_SERVED)
                         return 0;
                 /* Its server is gone: clear the dead mount, serve it anew. */
                 (void) umount2(ws->path, MNT_DETACH);
@@ -438,12 +431,14 @@ static int wait_released(Store *s, const char *subvolume) {
 
 int workspace_unmount(const Workspace *ws, Store *s) {
         _cleanup_free_ char *subvolume = NULL;
+        WorkspaceServer server;
         int r;
 
         r = workspace_subvolume(ws->name, NULL, &subvolume);
         if (r < 0)
                 return r;
-        if (workspace_is_held_elsewhere(ws, s))
+        server = workspace_server(ws, s);
+        if (server == WORKSPACE_HELD_ELSEWHERE)
                 /* Not its server: someone mounted the subvolume elsewhere,
                  * and will not let go because we wait. */
                 return -EBUSY;
@@ -451,7 +446,7 @@ int workspace_unmount(const Workspace *ws, Store *s) {
                 if (errno != EBUSY)
                         return -errno;
                 /* A dead server's mount is busy only for the kernel. */
-                if (workspace_is_served(ws, s))
+                if (server == WORKSPACE_SERVED)
                         return -EBUSY;
                 (void) umount2(ws->path, MNT_DETACH);
         }
@@ -686,7 +681,7 @@ json_t *workspace_to_json(const Workspace *ws, Store *s) {
         (void) store_subvolume_show(s, subvolume, &info);
         doc = json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:b}",
                         "name", ws->name,
-                        "state", workspace_is_served(ws, s) ? "mounted" : "unmounted",
+                        "state", workspace_server(ws, s) == WORKSPACE_SERVED ? "mounted" : "unmounted",
                         "path", ws->path,
                         "image", ws->image,
                         "owner", (json_int_t) ws->owner,

@@ -78,10 +78,17 @@ int workspace_create(Workspaces *w, Store *s, const char *store_path, const char
 int workspace_mount(const Workspace *ws, Store *s, const char *store_path);
 int workspace_unmount(const Workspace *ws, Store *s);
 bool workspace_is_mounted(const Workspace *ws);
-/* Mounted, and its server alive: a dead server's mount stays listed. */
-bool workspace_is_served(const Workspace *ws, Store *s);
-/* Not mounted at its path, yet its subvolume is mounted by a live process. */
-bool workspace_is_held_elsewhere(const Workspace *ws, Store *s);
+
+/* Whether a workspace is served, asked of the store's lock: the mount of a
+ * dead server stays listed, and the kernel answers stat() of it from its
+ * cache. */
+typedef enum WorkspaceServer {
+        WORKSPACE_SERVED,               /* mounted at its path, its server alive */
+        WORKSPACE_HELD_ELSEWHERE,       /* not mounted there, its subvolume mounted by a live process */
+        WORKSPACE_NOT_SERVED,           /* neither: unmounted, or its server died */
+} WorkspaceServer;
+
+WorkspaceServer workspace_server(const Workspace *ws, Store *s);
 
 int workspace_remove(Workspaces *w, Store *s, const char *name);
 int workspace_set_limit(Workspaces *w, Store *s, const char *name, uint64_t limit);

@@ -109,7 +109,8 @@ void sandbox_result_clear(SandboxResult *r);
 int runtime_enter_cgroup(const char *name, const SandboxLimits *limits, const char *path, char ***ret_not_applied);
 
 /* Runs a task to its end. The snapshot is deleted and handed to a
- * background reaper unless opts->keep and the task was not cancelled. Returns 0 once the task ran (its own
- * failure is in the result), a negative errno if the sandbox could not be
- * made; error_text then says what went wrong. */
+ * background reaper unless opts->keep and the task was not cancelled.
+ * Returns 0 once the task ran (its own failure is in the result), a
+ * negative errno if the sandbox could not be made; error_text then says
+ * what went wrong. */
 int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *error_text, size_t error_size);

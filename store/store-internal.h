@@ -171,7 +171,7 @@ typedef enum SubvolumeLockFlags {
          * rather than fail with -EBUSY. */
         SUBVOLUME_LOCK_BRIEF = 1 << 0,
         /* For a volume: a holder that is alive is given a moment too, for
-         * a server whose mount is gone finishes before it says so. */
+         * a server whose mount is gone may not have noticed it yet. */
         SUBVOLUME_LOCK_PATIENT = 1 << 1,
 } SubvolumeLockFlags;
 
