@@ -26,8 +26,7 @@ typedef struct Stack {
         uint64_t *ids;
         sqlite3 **dbs;          /* NULL entries: layers without a database */
         sqlite3_stmt **get_dentry;
-        sqlite3_stmt **get_inode;       /* mode, size */
-        sqlite3_stmt **list_dentries;   /* name, ino of a directory's entries */
+        sqlite3_stmt **get_inode;
         size_t n;
 } Stack;
 
@@ -37,14 +36,11 @@ static void stack_done(Stack *st) {
                         sqlite3_finalize(st->get_dentry[i]);
                 if (st->get_inode)
                         sqlite3_finalize(st->get_inode[i]);
-                if (st->list_dentries)
-                        sqlite3_finalize(st->list_dentries[i]);
                 if (st->dbs[i])
                         sqlite3_close_v2(st->dbs[i]);
         }
         free(st->get_dentry);
         free(st->get_inode);
-        free(st->list_dentries);
         free(st->dbs);
         free(st->ids);
         free(st->subvolume);
@@ -64,8 +60,7 @@ static int stack_open(Store *s, const SubvolumeRecord *rec, Stack *ret) {
         ret->dbs = calloc(ret->n, sizeof *ret->dbs);
         ret->get_dentry = calloc(ret->n, sizeof *ret->get_dentry);
         ret->get_inode = calloc(ret->n, sizeof *ret->get_inode);
-        ret->list_dentries = calloc(ret->n, sizeof *ret->list_dentries);
-        if (!ret->dbs || !ret->get_dentry || !ret->get_inode || !ret->list_dentries)
+        if (!ret->dbs || !ret->get_dentry || !ret->get_inode)
                 return -ENOMEM;
         for (size_t i = 0; i < ret->n; i++) {
                 /* Frozen layers never change: read without locks. */
@@ -80,11 +75,7 @@ static int stack_open(Store *s, const SubvolumeRecord *rec, Stack *ret) {
                                    &ret->get_dentry[i]);
                 if (r < 0)
                         return r;
-                r = sqlite_prepare(ret->dbs[i], "SELECT mode, size FROM inodes WHERE ino = ?1", &ret->get_inode[i]);
-                if (r < 0)
-                        return r;
-                r = sqlite_prepare(ret->dbs[i], "SELECT name, ino FROM dentries WHERE parent = ?1",
-                                   &ret->list_dentries[i]);
+                r = sqlite_prepare(ret->dbs[i], "SELECT 1 FROM inodes WHERE ino = ?1", &ret->get_inode[i]);
                 if (r < 0)
                         return r;
         }
@@ -619,6 +610,151 @@ int store_scrub(Store *s, store_damage_cb cb, store_progress_cb progress, void *
         return 0;
 }
 
+/* One table of every layer of a stack, read in key order as if it were one
+ * table: for each key, the row of the topmost layer that has it. The
+ * layers' cursors sit in a heap ordered by key, then by layer, so a row
+ * costs a comparison for each level of the heap instead of a lookup in
+ * each layer: a stack hundreds of layers deep is read in one pass. */
+typedef int (*row_compare_fn)(sqlite3_stmt *a, sqlite3_stmt *b);
+
+typedef struct StackMerge {
+        sqlite3_stmt **cursors;         /* one per layer, NULL where none */
+        size_t *heap;                   /* the layers whose cursor is on a row */
+        size_t n, n_heap;
+        row_compare_fn compare;
+        bool on_row;                    /* the heap's top is the row last returned */
+} StackMerge;
+
+static void stack_merge_done(StackMerge *m) {
+        for (size_t i = 0; m->cursors && i < m->n; i++)
+                sqlite3_finalize(m->cursors[i]);
+        free(m->cursors);
+        free(m->heap);
+        *m = (StackMerge) {};
+}
+
+static bool merge_before(const StackMerge *m, size_t a, size_t b) {
+        int c = m->compare(m->cursors[a], m->cursors[b]);
+
+        return c < 0 || (c == 0 && a < b);
+}
+
+static void merge_swap(StackMerge *m, size_t i, size_t j) {
+        size_t t = m->heap[i];
+
+        m->heap[i] = m->heap[j];
+        m->heap[j] = t;
+}
+
+static size_t merge_pop(StackMerge *m) {
+        size_t top = m->heap[0], i = 0;
+
+        m->heap[0] = m->heap[--m->n_heap];
+        for (;;) {
+                size_t least = i, left = 2 * i + 1, right = left + 1;
+
+                if (left < m->n_heap && merge_before(m, m->heap[left], m->heap[least]))
+                        least = left;
+                if (right < m->n_heap && merge_before(m, m->heap[right], m->heap[least]))
+                        least = right;
+                if (least == i)
+                        return top;
+                merge_swap(m, i, least);
+                i = least;
+        }
+}
+
+/* Moves the layer's cursor to its next row, and back into the heap if it
+ * has one. */
+static int merge_step(StackMerge *m, size_t layer) {
+        size_t i = m->n_heap;
+        int r;
+
+        r = sqlite_step_row(m->cursors[layer]);
+        if (r <= 0)
+                return r;
+        m->heap[m->n_heap++] = layer;
+        while (i > 0 && merge_before(m, m->heap[i], m->heap[(i - 1) / 2])) {
+                merge_swap(m, i, (i - 1) / 2);
+                i = (i - 1) / 2;
+        }
+        return 0;
+}
+
+static int stack_merge_open(const Stack *st, const char *sql, row_compare_fn compare, StackMerge *ret) {
+        int r;
+
+        *ret = (StackMerge) {
+                .cursors = calloc(MAX(st->n, 1u), sizeof *ret->cursors),
+                .heap = calloc(MAX(st->n, 1u), sizeof *ret->heap),
+                .n = st->n,
+                .compare = compare,
+        };
+        if (!ret->cursors || !ret->heap)
+                return -ENOMEM;
+        for (size_t i = 0; i < st->n; i++) {
+                if (!st->dbs[i])
+                        continue;
+                r = sqlite_prepare(st->dbs[i], sql, &ret->cursors[i]);
+                if (r < 0)
+                        return r;
+                r = merge_step(ret, i);
+                if (r < 0)
+                        return r;
+        }
+        return 0;
+}
+
+/* The topmost row of the next key: 1 and its cursor in *ret, 0 at the end. */
+static int stack_merge_next(StackMerge *m, sqlite3_stmt **ret) {
+        int r;
+
+        if (m->on_row) {
+                size_t top = merge_pop(m);
+
+                /* The rows of the same key below it are hidden: they move on
+                 * while its own row can still be compared with. */
+                while (m->n_heap > 0 && m->compare(m->cursors[m->heap[0]], m->cursors[top]) == 0) {
+                        r = merge_step(m, merge_pop(m));
+                        if (r < 0)
+                                return r;
+                }
+                r = merge_step(m, top);
+                if (r < 0)
+                        return r;
+        }
+        m->on_row = m->n_heap > 0;
+        if (!m->on_row)
+                return 0;
+        *ret = m->cursors[m->heap[0]];
+        return 1;
+}
+
+/* SQLite's order: integers as signed, blobs by memcmp() and then length. */
+static int compare_int64(int64_t x, int64_t y) {
+        return x < y ? -1 : x > y;
+}
+
+static int compare_inode_rows(sqlite3_stmt *a, sqlite3_stmt *b) {
+        return compare_int64(sqlite3_column_int64(a, 0), sqlite3_column_int64(b, 0));
+}
+
+static int compare_dentry_rows(sqlite3_stmt *a, sqlite3_stmt *b) {
+        int c = compare_int64(sqlite3_column_int64(a, 0), sqlite3_column_int64(b, 0));
+        const void *p, *q;
+        int x, y;
+
+        if (c != 0)
+                return c;
+        p = sqlite3_column_blob(a, 1);
+        q = sqlite3_column_blob(b, 1);
+        x = sqlite3_column_bytes(a, 1);
+        y = sqlite3_column_bytes(b, 1);
+        if (MIN(x, y) > 0)
+                c = memcmp(p, q, (size_t) MIN(x, y));
+        return c != 0 ? c : compare_int64(x, y);
+}
+
 /* ---- fsck ---- */
 
 typedef struct Fsck {
@@ -836,224 +972,228 @@ static int check_layer_blocks(Fsck *f, uint64_t id, uint64_t bytes) {
         return r;
 }
 
-typedef struct IdList {
-        uint64_t *ids;
-        size_t n, allocated;
-} IdList;
+/* A stack's tree as fsck counts it: the topmost row of each inode, by
+ * number, and the entries that win (not whiteouts), by parent. */
+typedef struct TreeInode {
+        int64_t ino;
+        uint64_t size;
+        uint32_t mode;
+        bool reached;
+} TreeInode;
 
-static void id_list_done(IdList *l) {
-        free(l->ids);
+typedef struct TreeEntry {
+        int64_t parent;
+        size_t child;           /* its index in inodes */
+} TreeEntry;
+
+typedef struct StackTree {
+        TreeInode *inodes;
+        size_t n_inodes, allocated_inodes;
+        TreeEntry *entries;
+        size_t n_entries, allocated_entries;
+} StackTree;
+
+static void stack_tree_done(StackTree *t) {
+        free(t->inodes);
+        free(t->entries);
 }
 
-static int id_list_add(IdList *l, uint64_t id) {
-        if (!GREEDY_REALLOC(l->ids, l->allocated, l->n + 1))
-                return -ENOMEM;
-        l->ids[l->n++] = id;
-        return 0;
-}
+static TreeInode *tree_inode(const StackTree *t, int64_t ino) {
+        size_t lo = 0, hi = t->n_inodes;
 
-/* Inodes counted, with the bytes each holds if it is a regular file. */
-typedef struct CountedInode {
-        uint64_t ino;
-        uint64_t bytes;
-} CountedInode;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
 
-typedef struct CountedList {
-        CountedInode *items;
-        size_t n, allocated;
-} CountedList;
-
-static void counted_list_done(CountedList *l) {
-        free(l->items);
-}
-
-static int counted_list_add(CountedList *l, uint64_t ino, uint32_t mode, uint64_t size) {
-        if (!GREEDY_REALLOC(l->items, l->allocated, l->n + 1))
-                return -ENOMEM;
-        l->items[l->n++] = (CountedInode) { .ino = ino, .bytes = S_ISREG(mode) ? size : 0 };
-        return 0;
-}
-
-static int counted_compare(const void *a, const void *b) {
-        uint64_t x = ((const CountedInode *) a)->ino, y = ((const CountedInode *) b)->ino;
-
-        return x < y ? -1 : x > y;
-}
-
-typedef struct ChildRow {
-        void *name;
-        int len;
-        uint64_t ino;
-        size_t layer;
-} ChildRow;
-
-static int child_row_compare(const void *a, const void *b) {
-        const ChildRow *x = a, *y = b;
-        int c = memcmp(x->name, y->name, (size_t) MIN(x->len, y->len));
-
-        if (c != 0)
-                return c;
-        if (x->len != y->len)
-                return x->len < y->len ? -1 : 1;
-        return x->layer < y->layer ? -1 : x->layer > y->layer;
-}
-
-/* The topmost row of ino: 1 with its mode and size, 0 if no layer has one. */
-static int stack_inode(const Stack *st, uint64_t ino, uint32_t *ret_mode, uint64_t *ret_size) {
-        for (size_t i = 0; i < st->n; i++) {
-                sqlite3_stmt *q = st->get_inode[i];
-                int r;
-
-                if (!q)
-                        continue;
-                sqlite3_bind_int64(q, 1, (sqlite3_int64) ino);
-                r = sqlite_step_row(q);
-                if (r > 0) {
-                        *ret_mode = (uint32_t) sqlite3_column_int64(q, 0);
-                        *ret_size = (uint64_t) sqlite3_column_int64(q, 1);
-                }
-                sqlite3_reset(q);
-                if (r != 0)
-                        return r;
+                if (t->inodes[mid].ino == ino)
+                        return &t->inodes[mid];
+                if (t->inodes[mid].ino < ino)
+                        lo = mid + 1;
+                else
+                        hi = mid;
         }
-        return 0;
+        return NULL;
 }
 
-/* Adds the children of dir that win (the topmost entry of each name; a
- * whiteout hides the name) to all, and those that are directories to dirs. */
-static int census_children(const Stack *st, uint64_t dir, CountedList *all, IdList *dirs) {
-        ChildRow *rows = NULL;
-        size_t n = 0, allocated = 0;
-        int r = 0;
+/* The index of the first entry of dir, or where it would be. */
+static size_t tree_first_entry(const StackTree *t, int64_t dir) {
+        size_t lo = 0, hi = t->n_entries;
 
-        for (size_t i = 0; r >= 0 && i < st->n; i++) {
-                sqlite3_stmt *q = st->list_dentries[i];
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
 
-                if (!q)
-                        continue;
-                sqlite3_bind_int64(q, 1, (sqlite3_int64) dir);
-                while ((r = sqlite_step_row(q)) > 0) {
-                        int len = sqlite3_column_bytes(q, 0);
-                        void *name = malloc((size_t) MAX(len, 1));
-
-                        if (!name || !GREEDY_REALLOC(rows, allocated, n + 1)) {
-                                free(name);
-                                r = -ENOMEM;
-                                break;
-                        }
-                        memcpy(name, sqlite3_column_blob(q, 0), (size_t) len);
-                        rows[n++] = (ChildRow) {
-                                .name = name,
-                                .len = len,
-                                .ino = (uint64_t) sqlite3_column_int64(q, 1),
-                                .layer = i,
-                        };
-                }
-                sqlite3_reset(q);
+                if (t->entries[mid].parent < dir)
+                        lo = mid + 1;
+                else
+                        hi = mid;
         }
-        if (r >= 0 && n > 0)
-                qsort(rows, n, sizeof *rows, child_row_compare);
-        for (size_t i = 0; r >= 0 && i < n; i++) {
-                uint32_t mode = 0;
-                uint64_t size;
-
-                if ((i > 0 && rows[i].len == rows[i - 1].len &&
-                     memcmp(rows[i].name, rows[i - 1].name, (size_t) rows[i].len) == 0) || rows[i].ino == 0)
-                        continue;       /* hidden by the entry above, or a whiteout */
-                r = stack_inode(st, rows[i].ino, &mode, &size);
-                if (r <= 0)
-                        continue;       /* missing: reported with its entry */
-                r = counted_list_add(all, rows[i].ino, mode, size);
-                if (r >= 0 && S_ISDIR(mode))
-                        r = id_list_add(dirs, rows[i].ino);
-        }
-        for (size_t i = 0; i < n; i++)
-                free(rows[i].name);
-        free(rows);
-        return r < 0 ? r : 0;
+        return lo;
 }
 
-/* What the volume counts: the inodes reachable from the root through the
- * entries that win, each once, and the bytes of the regular files among
- * them. Those left without a name (nlink 0) left the counters when they
- * lost it. */
-static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_logical) {
-        _cleanup_(counted_list_done) CountedList all = {};
-        _cleanup_(id_list_done) IdList dirs = {};
-        uint64_t entries = 0, inodes = 0, logical = 0;
-        size_t databases = 0;
+static int tree_read_inodes(const Stack *st, StackTree *t) {
+        _cleanup_(stack_merge_done) StackMerge m = {};
+        sqlite3_stmt *q;
         int r;
 
-        /* One database: the same census in one query. Rows that nothing
-         * reaches (unlinked while open; a fold keeps the rows of inodes
-         * dropped above it) do not count. */
-        for (size_t i = 0; i < st->n; i++)
-                databases += st->dbs[i] != NULL;
-        if (databases == 1)
-                for (size_t i = 0; i < st->n; i++) {
-                        _cleanup_stmt_ sqlite3_stmt *totals = NULL;
+        r = stack_merge_open(st, "SELECT ino, mode, size FROM inodes ORDER BY ino", compare_inode_rows, &m);
+        while (r >= 0 && (r = stack_merge_next(&m, &q)) > 0) {
+                if (!GREEDY_REALLOC(t->inodes, t->allocated_inodes, t->n_inodes + 1))
+                        return -ENOMEM;
+                t->inodes[t->n_inodes++] = (TreeInode) {
+                        .ino = sqlite3_column_int64(q, 0),
+                        .mode = (uint32_t) sqlite3_column_int64(q, 1),
+                        .size = (uint64_t) sqlite3_column_int64(q, 2),
+                };
+        }
+        return r;
+}
 
-                        if (!st->dbs[i])
-                                continue;
-                        r = sqlite_prepare(st->dbs[i],
-                                           "WITH RECURSIVE reach(ino) AS (SELECT 1 UNION SELECT d.ino FROM dentries d "
-                                           "  JOIN reach ON d.parent = reach.ino WHERE d.ino != 0) "
-                                           "SELECT count(*), coalesce(sum(CASE WHEN mode & ?1 = ?2 THEN size END), 0) "
-                                           "FROM inodes WHERE ino IN reach", &totals);
-                        if (r < 0)
-                                return r;
-                        sqlite3_bind_int64(totals, 1, S_IFMT);
-                        sqlite3_bind_int64(totals, 2, S_IFREG);
-                        r = sqlite_step_row(totals);
-                        if (r < 0)
-                                return r;
-                        *ret_inodes = r > 0 ? (uint64_t) sqlite3_column_int64(totals, 0) : 0;
-                        *ret_logical = r > 0 ? (uint64_t) sqlite3_column_int64(totals, 1) : 0;
-                        return 0;
+/* Reads the entries that win; one that names no inode is a problem. */
+static int fsck_read_entries(Fsck *f, const SubvolumeRecord *rec, const Stack *st, StackTree *t) {
+        _cleanup_(stack_merge_done) StackMerge m = {};
+        sqlite3_stmt *q;
+        int r;
+
+        r = stack_merge_open(st, "SELECT parent, name, ino FROM dentries ORDER BY parent, name", compare_dentry_rows,
+                             &m);
+        while (r >= 0 && (r = stack_merge_next(&m, &q)) > 0) {
+                int64_t ino = sqlite3_column_int64(q, 2);
+                TreeInode *child;
+
+                if (ino == 0)
+                        continue;       /* a whiteout: the name is gone */
+                child = tree_inode(t, ino);
+                if (!child) {
+                        problem(f, false, "subvolume '%s': entry '%.*s' names inode %" PRIi64 ", which is missing",
+                                rec->name, sqlite3_column_bytes(q, 1), (const char *) sqlite3_column_blob(q, 1), ino);
+                        continue;
                 }
+                if (!GREEDY_REALLOC(t->entries, t->allocated_entries, t->n_entries + 1))
+                        return -ENOMEM;
+                t->entries[t->n_entries++] = (TreeEntry) {
+                        .parent = sqlite3_column_int64(q, 0),
+                        .child = (size_t) (child - t->inodes),
+                };
+        }
+        return r;
+}
 
-        for (size_t i = 0; i < st->n; i++) {
-                int64_t v = 0;
+/* What the counters of a subvolume's top layer say, and what its layers
+ * hold. */
+typedef struct Census {
+        LayerCounters counters;
+        bool counters_damaged;
+        uint64_t highest;       /* the highest inode number of any layer */
+        uint64_t inodes, logical;
+        int64_t linked_dir;     /* a directory with two names, 0 if none */
+} Census;
+
+/* What the volume counts: the inodes reachable from the root through the
+ * entries that win, each once (hard links), and the bytes of the regular
+ * files among them. Those left without a name (nlink 0) left the counters
+ * when they lost it. */
+static int tree_census(StackTree *t, Census *c) {
+        _cleanup_free_ int64_t *dirs = calloc(t->n_inodes + 1, sizeof *dirs);
+        TreeInode *root = tree_inode(t, 1);
+        size_t n_dirs = 0;
+
+        if (!dirs)
+                return -ENOMEM;
+        dirs[n_dirs++] = 1;
+        if (root) {
+                root->reached = true;
+                c->inodes++;
+        }
+        for (size_t k = 0; k < n_dirs; k++)
+                for (size_t e = tree_first_entry(t, dirs[k]); e < t->n_entries && t->entries[e].parent == dirs[k];
+                     e++) {
+                        TreeInode *child = &t->inodes[t->entries[e].child];
+
+                        if (child->reached) {
+                                /* A file's hard link; a directory has one name. */
+                                if (S_ISDIR(child->mode) && c->linked_dir == 0)
+                                        c->linked_dir = child->ino;
+                                continue;
+                        }
+                        child->reached = true;
+                        c->inodes++;
+                        if (S_ISREG(child->mode))
+                                c->logical += child->size;
+                        else if (S_ISDIR(child->mode))
+                                dirs[n_dirs++] = child->ino;
+                }
+        return 0;
+}
+
+/* One database: the census in one query, and the entries that name no
+ * inode in another. Rows that nothing reaches (unlinked while open; a
+ * fold keeps the rows of inodes dropped above it) do not count. */
+static int fsck_census_one(Fsck *f, const SubvolumeRecord *rec, sqlite3 *db, Census *c) {
+        _cleanup_stmt_ sqlite3_stmt *totals = NULL, *missing = NULL;
+        int r;
+
+        r = sqlite_prepare(db,
+                           "WITH RECURSIVE reach(ino) AS (SELECT 1 UNION SELECT d.ino FROM dentries d "
+                           "  JOIN reach ON d.parent = reach.ino WHERE d.ino != 0) "
+                           "SELECT count(*), coalesce(sum(CASE WHEN mode & ?1 = ?2 THEN size END), 0) "
+                           "FROM inodes WHERE ino IN reach", &totals);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(totals, 1, S_IFMT);
+        sqlite3_bind_int64(totals, 2, S_IFREG);
+        r = sqlite_step_row(totals);
+        if (r < 0)
+                return r;
+        c->inodes = r > 0 ? (uint64_t) sqlite3_column_int64(totals, 0) : 0;
+        c->logical = r > 0 ? (uint64_t) sqlite3_column_int64(totals, 1) : 0;
+
+        r = sqlite_prepare(db,
+                           "SELECT name, ino FROM dentries d WHERE ino != 0 AND "
+                           "NOT EXISTS (SELECT 1 FROM inodes i WHERE i.ino = d.ino)", &missing);
+        while (r >= 0 && (r = sqlite_step_row(missing)) > 0)
+                problem(f, false, "subvolume '%s': entry '%.*s' names inode %" PRIi64 ", which is missing", rec->name,
+                        sqlite3_column_bytes(missing, 0), (const char *) sqlite3_column_blob(missing, 0),
+                        (int64_t) sqlite3_column_int64(missing, 1));
+        return r;
+}
+
+/* Several: the tree read in one pass over each table of every layer. */
+static int fsck_census_stack(Fsck *f, const SubvolumeRecord *rec, const Stack *st, Census *c) {
+        _cleanup_(stack_tree_done) StackTree t = {};
+        int r;
+
+        r = tree_read_inodes(st, &t);
+        if (r >= 0)
+                r = fsck_read_entries(f, rec, st, &t);
+        if (r >= 0)
+                r = tree_census(&t, c);
+        return r;
+}
+
+/* The counters and the rows in one read transaction: a server that
+ * commits meanwhile changes both at once. */
+static int fsck_census(Fsck *f, const SubvolumeRecord *rec, const Stack *st, size_t databases, Census *c) {
+        int r;
+
+        *c = (Census) {};
+        r = stack_read_begin(st);
+        if (r < 0)
+                return r;
+        r = layer_read_counters(stack_top_db(st), &c->counters);
+        c->counters_damaged = r == -EIO;
+        if (c->counters_damaged)
+                r = 0;
+        for (size_t i = 0; r >= 0 && i < st->n; i++) {
+                uint64_t v = 0;
 
                 if (!st->dbs[i])
                         continue;
-                r = sqlite_query_int(st->dbs[i], "SELECT count(*) FROM dentries", &v);
-                if (r < 0)
-                        return r;
-                entries += (uint64_t) v;
+                r = layer_highest_ino(st->dbs[i], &v);
+                c->highest = MAX(c->highest, v);
         }
-
-        {
-                uint32_t mode = 0;
-                uint64_t size = 0;
-
-                r = stack_inode(st, 1, &mode, &size);
-                if (r > 0)
-                        r = counted_list_add(&all, 1, mode, size);
-                if (r >= 0)
-                        r = id_list_add(&dirs, 1);
-        }
-        for (size_t k = 0; r >= 0 && k < dirs.n; k++) {
-                /* A tree has fewer directories than entries: more is a loop. */
-                if (dirs.n > entries + 1)
-                        r = -ELOOP;
-                else
-                        r = census_children(st, dirs.ids[k], &all, &dirs);
-        }
-        if (r < 0)
-                return r;
-
-        if (all.n > 0)
-                qsort(all.items, all.n, sizeof *all.items, counted_compare);
-        for (size_t i = 0; i < all.n; i++) {
-                if (i > 0 && all.items[i].ino == all.items[i - 1].ino)
-                        continue;       /* hard links */
-                inodes++;
-                logical += all.items[i].bytes;
-        }
-        *ret_inodes = inodes;
-        *ret_logical = logical;
-        return 0;
+        if (r >= 0)
+                r = databases == 1 ? fsck_census_one(f, rec, stack_top_db(st), c) : fsck_census_stack(f, rec, st, c);
+        stack_read_end(st);
+        return r;
 }
 
 /* The counters of the topmost layer that has a database, the ones read,
@@ -1062,68 +1202,42 @@ static int stack_census(const Stack *st, uint64_t *ret_inodes, uint64_t *ret_log
  * of an old one (a fold of two never-written layers once left an empty
  * subvolume's counters on top). Quotas and usage are read from the counts
  * of inodes and bytes. */
-static int check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st) {
-        sqlite3 *top = stack_top_db(st);
-        LayerCounters c, mended;
-        uint64_t highest = 0, inodes = 0, logical = 0;
-        bool ino_taken, counts_wrong, damaged, fixed = false;
-        int r;
+static void check_counters(Fsck *f, const SubvolumeRecord *rec, const Stack *st, const Census *census) {
+        const LayerCounters *c = &census->counters;
+        LayerCounters mended = *c;
+        bool ino_taken, counts_wrong, fixed = false;
 
-        if (!top)
-                return 0;       /* a broken stack: reported by the caller */
-        /* The counters and the rows in one read transaction: a server that
-         * commits meanwhile changes both at once. */
-        r = stack_read_begin(st);
-        if (r < 0)
-                return r;
-        r = layer_read_counters(top, &c);
-        damaged = r == -EIO;
-        for (size_t i = 0; r >= 0 && i < st->n; i++) {
-                uint64_t v = 0;
-
-                if (!st->dbs[i])
-                        continue;
-                r = layer_highest_ino(st->dbs[i], &v);
-                highest = MAX(highest, v);
-        }
-        if (r >= 0)
-                r = stack_census(st, &inodes, &logical);
-        stack_read_end(st);
-        if (damaged)
-                return 0;       /* a damaged record: the checksum count reports it */
-        if (r == -ELOOP) {
-                problem(f, false, "subvolume '%s': its directories form a loop", rec->name);
-                return 0;
-        }
-        if (r < 0)
-                return r;
-
-        ino_taken = c.next_ino <= highest;
-        counts_wrong = c.inodes != inodes || c.logical_bytes != logical;
+        if (census->counters_damaged)
+                return;         /* a damaged record: the checksum count reports it */
+        ino_taken = c->next_ino <= census->highest;
+        counts_wrong = c->inodes != census->inodes || c->logical_bytes != census->logical;
         if (!ino_taken && !counts_wrong)
-                return 0;
+                return;
         if (f->repair) {
-                mended = c;
                 if (ino_taken)
-                        mended.next_ino = highest + 1;
-                mended.inodes = inodes;
-                mended.logical_bytes = logical;
-                fixed = layer_write_counters(top, &mended) >= 0;
+                        mended.next_ino = census->highest + 1;
+                mended.inodes = census->inodes;
+                mended.logical_bytes = census->logical;
+                fixed = layer_write_counters(stack_top_db(st), &mended) >= 0;
         }
         if (ino_taken)
                 problem(f, fixed, "subvolume '%s': the next inode number, %" PRIu64 ", is taken (its inodes go up to "
-                        "%" PRIu64 "): a new file would take the place of an existing one", rec->name, c.next_ino, highest);
+                        "%" PRIu64 "): a new file would take the place of an existing one", rec->name, c->next_ino,
+                        census->highest);
         if (counts_wrong)
                 problem(f, fixed, "subvolume '%s': its counters say %" PRIu64 " inodes and %" PRIu64 " bytes, its layers "
-                        "hold %" PRIu64 " and %" PRIu64, rec->name, c.inodes, c.logical_bytes, inodes, logical);
-        return 0;
+                        "hold %" PRIu64 " and %" PRIu64, rec->name, c->inodes, c->logical_bytes, census->inodes,
+                        census->logical);
 }
 
-/* Every visible entry of the subvolume names an inode that exists. */
+/* Every visible entry of the subvolume names an inode that exists, no
+ * directory has two names, and the counters say what the layers hold. */
 static int check_subvolume(Fsck *f, const SubvolumeRecord *rec, uint64_t bytes) {
         _cleanup_(stack_done) Stack st = {};
         _cleanup_(fsck_step_end) FsckStep step = {};
         StackLayers layers;
+        Census census;
+        size_t databases = 0;
         int r, unrepaired = f->unrepaired;
 
         r = stack_open(f->store, rec, &st);
@@ -1133,8 +1247,12 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec, uint64_t bytes) 
         }
         if (r < 0)
                 return r;
-        /* The census of the counters' check, then the walk. */
-        fsck_step_begin(&step, f, st.dbs, st.n, bytes, 2);
+        for (size_t i = 0; i < st.n; i++)
+                databases += st.dbs[i] != NULL;
+        if (databases == 0)
+                return 0;       /* a broken stack: reported by the caller */
+        /* One database is read twice, by the census and by the walk. */
+        fsck_step_begin(&step, f, st.dbs, st.n, bytes, databases == 1 ? 2 : 1);
         r = stack_layers(&st, &layers);
         if (r < 0)
                 return r;
@@ -1144,36 +1262,13 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec, uint64_t bytes) 
                         return 0;
                 }
 
-        r = check_counters(f, rec, &st);
-        if (r >= 0)
-                r = stack_read_begin(&st);
-        if (r < 0) {
-                free(layers.ids);
-                return r;
+        r = fsck_census(f, rec, &st, databases, &census);
+        if (r >= 0) {
+                if (census.linked_dir != 0)
+                        problem(f, false, "subvolume '%s': directory inode %" PRIi64 " has more than one name (a "
+                                "hard link to a directory, or a loop of directories)", rec->name, census.linked_dir);
+                check_counters(f, rec, &st, &census);
         }
-
-        for (size_t i = 0; r >= 0 && i < st.n; i++) {
-                _cleanup_stmt_ sqlite3_stmt *q = NULL;
-
-                if (!st.dbs[i])
-                        continue;
-                r = sqlite_prepare(st.dbs[i], "SELECT parent, name, ino FROM dentries WHERE ino != 0", &q);
-                while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
-                        uint64_t ino = (uint64_t) sqlite3_column_int64(q, 2), visible;
-
-                        r = stack_dentry(&st, (uint64_t) sqlite3_column_int64(q, 0), sqlite3_column_blob(q, 1),
-                                         sqlite3_column_bytes(q, 1), &visible);
-                        if (r < 0 || visible != ino)
-                                continue;
-                        /* In any layer: as if hidden from below the bottom. */
-                        r = stack_row_hidden(&st, st.n, ino);
-                        if (r == 0)
-                                problem(f, false, "subvolume '%s': entry '%.*s' names inode %" PRIu64 ", which is missing",
-                                        rec->name, sqlite3_column_bytes(q, 1),
-                                        (const char *) sqlite3_column_blob(q, 1), ino);
-                }
-        }
-        stack_read_end(&st);
         if (r >= 0 && f->unrepaired == unrepaired && GREEDY_REALLOC(f->clean, f->allocated_clean, f->n_clean + 1)) {
                 f->clean[f->n_clean++] = layers;
                 return 0;
