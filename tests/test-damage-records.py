@@ -11,9 +11,12 @@ must not free a block in use when the record that counts it is damaged.
 Layers written before records had checksums are read as they are, and get
 checksums once they are opened for writing."""
 
+import ctypes
+import ctypes.util
 import errno
 import os
 import sqlite3
+import struct
 import sys
 
 sys.dont_write_bytecode = True
@@ -205,6 +208,65 @@ def test_missing_inodes():
         t.check("entry 'keep'" not in r.output, f'fsck reports an intact entry:\n{r.output}')
 
 
+def row_check(*values):
+    """The store's record checksum (cowbox_check() of its layers): XXH3-64
+    over each value as a type tag and its bytes."""
+    data = b''
+    for v in values:
+        if isinstance(v, int):
+            data += b'i' + struct.pack('<q', v)
+        else:
+            v = v.encode() if isinstance(v, str) else v
+            data += b'b' + struct.pack('<I', len(v)) + v
+    lib = ctypes.CDLL(ctypes.util.find_library('xxhash'))
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
+    return struct.unpack('<q', struct.pack('<Q', lib.XXH3_64bits(data, len(data))))[0]
+
+
+def add_entry(store, layer, parent, name, ino, kind):
+    """A directory entry with a valid checksum, as a bug would write it."""
+    db = layer_db(store, layer)
+    db.execute('INSERT INTO dentries(parent, name, ino, type, row_check) VALUES (?, ?, ?, ?, ?)',
+               (parent, name.encode(), ino, kind, row_check('dentry', parent, name.encode(), ino, kind)))
+    db.commit()
+    db.close()
+
+
+def test_directory_loop():
+    """A directory entry that names a directory above it: fsck of a stack
+    of many layers ends, counts each inode once, names the directory, and
+    reports nothing else; a checksum that does not match is found too."""
+    with t.Store('records-loop') as store:
+        store.create('main')
+        with store.mount('main') as m:
+            os.makedirs(m.p('a', 'b'))
+            t.write_file(m.p('a', 'b', 'f'), b'f', fsync=True)
+        for i in range(30):       # a live subvolume, snapshotted: a deep stack
+            store.snapshot('main', f's{i}', readonly=True)
+            with store.mount('main') as m:
+                t.write_file(m.p('a', f'n{i}'), b'n', fsync=True)
+                if i % 3 == 0:
+                    os.unlink(m.p('a', f'n{i}'))
+        store.fsck()
+        t.check(store.show('main')['depth'] > 30, f"main's stack: {store.show('main')}")
+        top = store.show('main')['top_layer']
+        with store.mount('main', readonly=True) as m:
+            a, b = os.lstat(m.p('a')).st_ino, os.lstat(m.p('a', 'b')).st_ino
+        add_entry(store, top, b, 'up', a, 4)     # DT_DIR
+        r = store.fsck(expect=1)
+        t.check(f"subvolume 'main': directory inode {a} has more than one name" in r.output,
+                f'fsck reports the loop:\n{r.output}')
+        t.check_equal(r.output.count('subvolume '), 1, f'problems reported:\n{r.output}')
+
+        db = layer_db(store, top)
+        db.execute("UPDATE dentries SET row_check = row_check + 1 WHERE name = ?", (b'up',))
+        db.commit()
+        db.close()
+        r = store.fsck(expect=1)
+        t.check(f"directory inode {a} has more than one name" in r.output, f'fsck of the damaged loop:\n{r.output}')
+
+
 def drop_row_checks(store, layer):
     """As a layer of a version before row checks and the orphans index."""
     db = layer_db(store, layer)
@@ -278,6 +340,7 @@ def run():
     sub.run('damaged records', test_damaged_records)
     sub.run('layers without checks', test_layers_without_checks)
     sub.run('missing inodes', test_missing_inodes)
+    sub.run('a directory loop', test_directory_loop)
     sub.check()
 
 
