@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 
 /*
- * The reaper: forgets deleted subvolumes, folds layers into their only
- * child, drops the layers nothing reaches and frees the blocks nothing
+ * The reaper: forgets deleted subvolumes, drops the layers nothing
+ * reaches, folds layers into their only child and frees the blocks nothing
  * references (mark and sweep over the live layers' block sets).
  *
  * Blocks are freed only while the reaper holds the GC lock exclusively.
@@ -697,12 +697,15 @@ int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, 
                 r = forget_deleted_subvolumes(s, &stats.subvolumes_forgotten);
         if (r >= 0)
                 r = subvolume_locks_prune(s);
+        /* The layers of the subvolumes just forgotten go before the folds:
+         * a layer is folded only once it has a single child, and their
+         * space is what a fold's copy may need. */
         if (r >= 0)
-                r = fold_layers(s, &pace, &stats);
+                r = drop_dead_layers(s, &pace, &stats);
         if (r >= 0)
                 r = pace_step(&pace, 0);
         if (r >= 0)
-                r = drop_dead_layers(s, &pace, &stats);
+                r = fold_layers(s, &pace, &stats);
         if (r >= 0)
                 r = remove_orphan_layer_files(s, &stats);
         if (r >= 0)
