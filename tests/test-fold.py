@@ -131,6 +131,25 @@ def test_written_between():
         check_new_inodes(store, 's1', state(store), 'written and unwritten layers')
 
 
+def test_one_reap_folds():
+    """A live subvolume snapshotted per patch, each snapshot thrown away: one
+    reap takes the stack back to a single layer, with every file as it was."""
+    with t.Store('fold-one-reap') as store:
+        store.create('x')
+        write_files(store, 'x', 'f', 4, 10)
+        for i in range(6):
+            store.snapshot('x', f'patch{i}')
+            write_files(store, 'x', f'p{i}-', 2, 20 + i)
+        t.check_equal(store.show('x')['depth'], 7, 'the stack of x before the deletes')
+        for i in range(6):
+            store.delete(f'patch{i}', reap=False)
+        before = state(store)
+        t.check(store.json('reap', '--wait')['layers_folded'] >= 6, 'the reap folded the stack')
+        t.check_equal(store.show('x')['depth'], 1, 'the stack of x after one reap')
+        t.check_equal(state(store), before, 'x after the fold')
+        store.fsck()
+
+
 def give_empty_counters(store, name):
     """What the bug did: the counters of an empty subvolume on top of one
     with files (copied with their valid record checks)."""
@@ -307,12 +326,14 @@ def layer_file_bytes(store, layer):
 
 
 def make_foldable(store, round):
-    """A snapshot of x, deleted and reaped: x's frozen layer is left with a
-    single child, x's written top, for the next reap to fold."""
+    """A snapshot of x, deleted and reaped while x is served: x's frozen
+    layer is left with a single child, x's written top, which the reap may
+    not fold under its server; the next reap folds it."""
     store.snapshot('x', f'gone{round}')
     write_files(store, 'x', f'top{round}-', 3, 70 + round)
     store.delete(f'gone{round}', reap=False)
-    store.reap()
+    with store.mount('x'):
+        t.check_equal(store.json('reap', '--wait')['layers_folded'], 0, f'round {round}: folds under a server')
     t.check_equal(store.usage()['reclaimable_bytes'], 0, f'round {round}: reclaimable bytes before the fold')
 
 
@@ -391,6 +412,7 @@ def run():
     sub = t.Subtests()
     sub.run('never-written layers above a shared one', test_unwritten_above_shared)
     sub.run('written layers between snapshots', test_written_between)
+    sub.run('one reap folds what deleted snapshots left', test_one_reap_folds)
     sub.run('fsck repairs a next inode number that is taken', test_fsck_next_ino)
     sub.run('usage during a fold, and after one was killed', test_usage_during_fold)
     sub.run('random writes, snapshots, deletes and reaps', test_random)
