@@ -983,7 +983,7 @@ uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
                 sqlite3_stmt *st = v->layers[i].list_extents;
                 sqlite3_stmt *gi = v->layers[i].get_inode;
 
-                if (!st)
+                if (!layer_may_have(&v->layers[i], row->ino))
                         continue;
                 sqlite3_bind_int64(st, 1, (sqlite3_int64) row->ino);
                 while (r >= 0 && sqlite3_step(st) == SQLITE_ROW) {

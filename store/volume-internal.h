@@ -23,7 +23,18 @@ typedef struct VolumeLayer {
         sqlite3_stmt *get_xattr;
         sqlite3_stmt *list_xattrs;
         sqlite3_stmt *copy_xattrs;
+        /* Of a small layer below the top, which never changes: every inode
+         * number that keys one of its rows, sorted. A lookup skips the
+         * layer when its key is not there, so that a stack deep in small
+         * layers (a live subvolume snapshotted many times) is read about
+         * as fast as a shallow one. */
+        uint64_t *keys;
+        size_t n_keys;
+        bool keyed;
 } VolumeLayer;
+
+/* Whether the layer may have a row keyed by ino. */
+bool layer_may_have(const VolumeLayer *l, uint64_t ino);
 
 /* Statements that change the top layer. */
 typedef struct TopStatements {

@@ -86,6 +86,52 @@ static void layer_finalize(VolumeLayer *l) {
         if (l->db)
                 sqlite3_close_v2(l->db);
         l->db = NULL;
+        l->keys = mfree(l->keys);
+        l->n_keys = 0;
+        l->keyed = false;
+}
+
+/* Layers up to this size get their keys read: what a few snapshots' worth
+ * of changes makes, not a whole tree, whose rows are most of the stack's
+ * anyway. */
+#define LAYER_KEYS_MAX_BYTES (1024 * 1024)
+
+static int layer_load_keys(Store *s, VolumeLayer *l) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        if (layer_file_bytes(s, l->id) > LAYER_KEYS_MAX_BYTES)
+                return 0;
+        r = sqlite_prepare(l->db,
+                           "SELECT ino FROM inodes UNION SELECT parent FROM dentries UNION SELECT ino FROM extents "
+                           "UNION SELECT ino FROM xattrs ORDER BY 1", &st);
+        if (r < 0)
+                return r;
+        r = sqlite_collect_ids(st, &l->keys, &l->n_keys);
+        if (r < 0)
+                return r;
+        l->keyed = true;
+        return 0;
+}
+
+bool layer_may_have(const VolumeLayer *l, uint64_t ino) {
+        size_t lo = 0, hi = l->n_keys;
+
+        if (!l->db)
+                return false;
+        if (!l->keyed)
+                return true;
+        while (lo < hi) {
+                size_t mid = lo + (hi - lo) / 2;
+
+                if (l->keys[mid] == ino)
+                        return true;
+                if (l->keys[mid] < ino)
+                        lo = mid + 1;
+                else
+                        hi = mid;
+        }
+        return false;
 }
 
 static void top_finalize(Volume *v) {
@@ -345,6 +391,8 @@ static int layers_load_once(Volume *v, bool *ret_missing) {
                 if (r < 0)
                         return r;
                 r = layer_prepare(l);
+                if (r >= 0 && i > 0)
+                        r = layer_load_keys(v->store, l);
                 if (r < 0)
                         return r;
         }
@@ -892,7 +940,7 @@ static int inode_find(Volume *v, uint64_t ino, bool with_content, InodeRow *ret)
         for (size_t i = 0; i < v->n_layers; i++) {
                 sqlite3_stmt *st = v->layers[i].get_inode;
 
-                if (!st)
+                if (!layer_may_have(&v->layers[i], ino))
                         continue;
                 sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
                 r = sqlite_step_row(st);
@@ -1145,7 +1193,7 @@ int dentry_get(Volume *v, uint64_t parent, const char *name, uint64_t *ret_ino, 
         for (size_t i = 0; i < v->n_layers; i++) {
                 sqlite3_stmt *st = v->layers[i].get_dentry;
 
-                if (!st)
+                if (!layer_may_have(&v->layers[i], parent))
                         continue;
                 sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
                 sqlite3_bind_blob(st, 2, name, (int) strlen(name), SQLITE_STATIC);
@@ -1201,7 +1249,7 @@ int dentry_remove(Volume *v, uint64_t parent, const char *name) {
         for (size_t i = 1; i < v->n_layers && !lower_has_it; i++) {
                 sqlite3_stmt *st = v->layers[i].get_dentry;
 
-                if (!st)
+                if (!layer_may_have(&v->layers[i], parent))
                         continue;
                 sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
                 sqlite3_bind_blob(st, 2, name, (int) strlen(name), SQLITE_STATIC);
@@ -1262,7 +1310,7 @@ static int layered_names_collect(Volume *v, uint64_t parent, LayeredName **ret, 
         for (size_t i = 0; i < v->n_layers; i++) {
                 sqlite3_stmt *st = v->layers[i].list_dentries;
 
-                if (!st)
+                if (!layer_may_have(&v->layers[i], parent))
                         continue;
                 sqlite3_bind_int64(st, 1, (sqlite3_int64) parent);
                 while ((r = sqlite_step_row(st)) > 0) {
@@ -1367,7 +1415,7 @@ int extent_get(Volume *v, const InodeRow *row, uint64_t idx, Digest *ret_digest,
 
                 if (idx * STORE_BLOCK_SIZE >= limit)
                         return 0;
-                if (!l->db)
+                if (!layer_may_have(l, row->ino))
                         continue;
 
                 sqlite3_bind_int64(l->get_extent, 1, (sqlite3_int64) row->ino);
