@@ -19,6 +19,7 @@
 
 #include "api.h"
 #include "cleanup.h"
+#include "output-file.h"
 #include "string-util.h"
 
 #define PROGRAM "cowbox"
@@ -549,7 +550,7 @@ static int verb_image_send(int argc, char *argv[]) {
                 {}
         };
         _cleanup_free_ char *opts = NULL;
-        _cleanup_close_ int fd = -EBADF;
+        _cleanup_(output_file_abort) OutputFile out = { .fd = -EBADF };
         const char *file = NULL, *parent = NULL;
         bool compressed = false, zstd = false;
         int version = 1, c, r;
@@ -573,9 +574,9 @@ static int verb_image_send(int argc, char *argv[]) {
         if (r)
                 return r;
         if (file && !streq(file, "-")) {
-                fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-                if (fd < 0)
-                        return fail("cannot create %s: %m", file);
+                r = output_file_open(file, &out);
+                if (r < 0)
+                        return fail("cannot create %s: %s", file, strerror(-r));
         } else if (isatty(STDOUT_FILENO))
                 return usage_error("standard output is a terminal; write the stream with -f FILE or into a pipe");
         doc = json_pack("{s:i, s:b, s:b}", "version", version, "compressed_data", compressed, "zstd", zstd);
@@ -585,8 +586,14 @@ static int verb_image_send(int argc, char *argv[]) {
                 return fail("out of memory");
         /* The stream may be on standard output: say nothing there. */
         arg_json = false;
-        return run_job("sending", print_nothing, NULL, "SendImage", "shs", argv[optind], fd >= 0 ? fd : STDOUT_FILENO,
-                       opts);
+        r = run_job("sending", print_nothing, NULL, "SendImage", "shs", argv[optind],
+                    out.fd >= 0 ? out.fd : STDOUT_FILENO, opts);
+        if (r == EXIT_SUCCESS) {
+                r = output_file_commit(&out);
+                if (r < 0)
+                        return fail("cannot write %s: %s", file, strerror(-r));
+        }
+        return r;
 }
 
 static int verb_snapshot(int argc, char *argv[]) {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "images.h"
+#include "output-file.h"
 #include "store-tool.h"
 #include "string-util.h"
 
@@ -97,7 +98,7 @@ static int verb_receive(Tool *tool, const Command *cmd, int argc, char *argv[]) 
 
 static int verb_send(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         _cleanup_store_ Store *store = NULL;
-        _cleanup_close_ int fd = -EBADF;
+        _cleanup_(output_file_abort) OutputFile out = { .fd = -EBADF };
         ImageSendOptions opts = {};
         ImageError error = {};
         const char *file = NULL;
@@ -140,9 +141,9 @@ static int verb_send(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                 return report_usage_error(cmd, "--compressed-data needs --proto 2");
 
         if (file && !streq(file, "-")) {
-                fd = open(file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-                if (fd < 0)
-                        return report_failure("cannot create %s: %m", file);
+                r = output_file_open(file, &out);
+                if (r < 0)
+                        return report_failure("cannot create %s: %s", file, strerror(-r));
         } else if (isatty(STDOUT_FILENO))
                 return report_usage_error(cmd, "standard output is a terminal; write the stream to a file "
                                           "with -f FILE, or into a pipe");
@@ -154,15 +155,13 @@ static int verb_send(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         progress = progress_wanted();
         if (progress)
                 opts.progress = show_progress;
-        r = image_send(store, argv[optind], fd >= 0 ? fd : STDOUT_FILENO, &opts, &error);
+        r = image_send(store, argv[optind], out.fd >= 0 ? out.fd : STDOUT_FILENO, &opts, &error);
         end_progress(progress);
-        if (r < 0) {
-                if (file && !streq(file, "-"))
-                        (void) unlink(file);
+        if (r < 0)
                 return report_image_error("send", r, &error);
-        }
-        if (fd >= 0 && fsync(fd) < 0)
-                return report_failure("cannot write %s: %m", file);
+        r = output_file_commit(&out);
+        if (r < 0)
+                return report_failure("cannot write %s: %s", file, strerror(-r));
         return EXIT_SUCCESS;
 }
 

@@ -8,6 +8,7 @@ import fcntl
 import os
 import re
 import sqlite3
+import subprocess
 import sys
 
 sys.dont_write_bytecode = True
@@ -150,6 +151,9 @@ def test_misuse(store):
         if args and args[0] == 'frobnicate':
             check_mentions(r, 'frobnicate', 'unknown command')
     t.check_equal(store.names(), before, 'subvolumes after misuse')
+    # No IDs to map would be no user namespace: the task would run as root.
+    r = store.run('run', '--user-namespace', '100000:0', 'alpha', '--', 'true', expect=2)
+    check_mentions(r, 'SIZE above 0', 'run --user-namespace BASE:0')
     r = store.run('mount', 'no-such-subvolume', store.new_dir('mnt'), expect='fail')
     check_mentions(r, 'no-such-subvolume', 'mount of a missing subvolume')
     # In the background the server reports it before it leaves, and the
@@ -162,6 +166,38 @@ def test_misuse(store):
     missing = os.path.join(store.tmp, 'no-store-here')
     r = t.run_command([t.tool(), '--store', missing, 'mount', '--background', 'alpha', mnt], expect='fail')
     check_mentions(r, 'init', 'mount --background on a missing store (should say how to create one)')
+
+
+def test_send_output(store):
+    """send -f FILE: a send that fails leaves FILE as it was, and no file
+    beside it; one that works replaces it; a FIFO or /dev/null is written
+    as it is, and the send succeeds."""
+    store.create('send-src')
+    store.snapshot('send-src', 'send-img', readonly=True)
+    out = store.new_dir('send-out')
+    path = os.path.join(out, 'image.stream')
+    t.write_file(path, b'an older stream')
+    for args in (['no-such-image'], ['send-src'], ['-p', 'no-such-parent', 'send-img']):
+        r = store.run('send', '-f', path, *args, expect='fail')
+        t.check_equal(t.read_file(path), b'an older stream', f'the file after a failed send {args}:\n{r.describe()}')
+    r = t.run_command([t.tool(), '--store', os.path.join(store.tmp, 'no-store-here'), 'send', '-f', path, 'x'],
+                      expect='fail')
+    t.check_equal(t.read_file(path), b'an older stream', f'the file after a send from no store:\n{r.describe()}')
+    t.check_equal(os.listdir(out), ['image.stream'], 'files beside the stream after failed sends')
+
+    store.run('send', '-f', path, 'send-img')
+    stream = t.read_file(path)
+    t.check(stream.startswith(b'btrfs-stream\0'), f'the stream written: {stream[:32]!r}')
+    t.check_equal(os.listdir(out), ['image.stream'], 'files beside the stream after a send')
+    t.check_equal(os.stat(path).st_mode & 0o777, 0o644, 'the mode of the stream file')
+
+    fifo = os.path.join(out, 'fifo')
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(['cat', fifo], stdout=subprocess.PIPE)
+    store.run('send', '-f', fifo, 'send-img')
+    t.check_equal(reader.communicate(timeout=60)[0], stream, 'the stream read from a FIFO')
+    store.run('send', '-f', '/dev/null', 'send-img')
+    t.check(os.path.exists('/dev/null') and not os.path.isfile('/dev/null'), '/dev/null after a send to it')
 
 
 def test_json(store):
@@ -316,6 +352,7 @@ def run():
         sub.run('invalid names', test_invalid_names, store)
         sub.run('snapshots', test_snapshots, store)
         sub.run('misuse', test_misuse, store)
+        sub.run('send -f FILE', test_send_output, store)
         sub.run('json', test_json, store)
         sub.run('reap, scrub, fsck', test_maintenance, store)
         sub.run('reap while the catalog is locked', test_reap_busy, store)
