@@ -145,9 +145,10 @@ static int verb_run(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                         uid_t base;
                         gid_t size;
 
-                        if (parse_user(optarg, &base, &size) < 0 || base == 0)
-                                return report_usage_error(cmd, "--user-namespace takes BASE[:SIZE], BASE above 0, "
-                                                          "not '%s'", optarg);
+                        if (parse_user(optarg, &base, &size) < 0 || base == 0 ||
+                            (strchr(optarg, ':') && size == 0))
+                                return report_usage_error(cmd, "--user-namespace takes BASE[:SIZE], BASE and SIZE "
+                                                          "above 0, not '%s'", optarg);
                         opts.userns_base = base;
                         opts.userns_size = strchr(optarg, ':') ? (uint32_t) size : 65536;
                         break;

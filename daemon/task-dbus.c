@@ -179,6 +179,9 @@ int task_check(const char *source, char **argv, const char *options, json_t **re
         else if (workdir && (workdir[0] != '/' || strstr(workdir, "..")))
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"workdir\" must be an absolute path "
                                       "without '..'.");
+        else if (api_option_uint(opts, "userns_base", 0) > 0 && api_option_uint(opts, "userns_size", 1) == 0)
+                /* No IDs to map would be no user namespace: the task would run as the host's root. */
+                r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"userns_size\" must be at least 1.");
         else if (api_option_uint(opts, "timeout_sec", 0) > 365 * 24 * 3600)
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"timeout_sec\" is too large.");
         if (r < 0) {

@@ -715,6 +715,10 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                          "not '/'");
                 return -EINVAL;
         }
+        if (opts->userns_base > 0 && opts->userns_size == 0) {
+                snprintf(error_text, error_size, "a user namespace needs at least one ID to map");
+                return -EINVAL;
+        }
         if (opts->hostname && (!opts->hostname[0] || strlen(opts->hostname) > HOST_NAME_MAX)) {
                 snprintf(error_text, error_size, "the hostname must be 1 to %d bytes", HOST_NAME_MAX);
                 return -EINVAL;

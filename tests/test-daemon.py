@@ -190,6 +190,8 @@ def check_bad_arguments(bus, store):
         ('RunTask', ['base', "['/probe']", '{"gid": -1}'], 'org.cowbox1.Error.InvalidJSON'),
         ('RunTask', ['base', "['/probe']", '{"userns_base": 100000, "userns_size": 4294967296}'],
          'org.cowbox1.Error.InvalidJSON'),
+        ('RunTask', ['base', "['/probe']", '{"userns_base": 100000, "userns_size": 0}'],
+         'org.cowbox1.Error.InvalidJSON'),                                  # else no namespace: host root
         ('RunTask', ['base', "['/probe']", '{"hostname": "%s"}' % ('h' * 65)], 'org.cowbox1.Error.InvalidJSON'),
         ('CreateWorkspace', ['w', '{"image": "base", "owner": "4294967296"}'], 'org.cowbox1.Error.InvalidJSON'),
         ('ReceiveImageFromPath', ['/etc', '{}'], 'org.freedesktop.DBus.Error.InvalidArgs'),
