@@ -617,7 +617,8 @@ static int decode_lzo(const uint8_t *in, size_t in_len, uint8_t *out, size_t out
 
                 if (sector - pos % sector < 4)
                         pos += sector - pos % sector;
-                if (total - pos < 4)
+                /* The padding may end past the data: what follows is not its. */
+                if (pos > total || total - pos < 4)
                         break;
                 seg = (size_t) in[pos] | (size_t) in[pos + 1] << 8 | (size_t) in[pos + 2] << 16 |
                       (size_t) in[pos + 3] << 24;

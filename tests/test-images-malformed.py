@@ -187,6 +187,44 @@ def every_command_stream():
     return stream, bytes(expect_f), text[65536:131072], expect_z, t0
 
 
+def lzo_literals(data):
+    """An LZO1X stream of data as one literal run (16 to 255 + 18 bytes
+    more for each zero byte of the length), then the end marker."""
+    n = len(data) - 18
+    zeros, rest = divmod(n, 255)
+    if rest == 0:
+        zeros, rest = zeros - 1, 255
+    return bytes([0]) + bytes(zeros) + bytes([rest]) + data + b'\x11\0\0'
+
+
+def check_lzo_past_its_data(store, tmp):
+    """btrfs's LZO framing (4 KiB sectors): a segment that ends 2 bytes
+    before a sector, whose padding runs past the data's stated total. The
+    bytes after the total are not part of the extent: a segment found there
+    was decoded, and its length, unchecked, let the decoder read past the
+    command's buffer."""
+    literals = bytes(range(256)) * 16
+    seg = lzo_literals(literals[:4066])
+    assert 8 + len(seg) == 4094, len(seg)
+    beyond = lzo_literals(b'X' * 100)
+    data = struct.pack('<I', 4095) + struct.pack('<I', len(seg)) + seg + b'\0\0' \
+        + struct.pack("<I", len(beyond)) + beyond
+    body = [mkfile('f'),
+            command_v2('encoded_write', ('path', 'f'), ('file_offset', 0), ('unencoded_file_len', 8192),
+                       ('unencoded_len', 8192), ('unencoded_offset', 0), ('compression', 3),
+                       ('encryption', 0), data=data)]
+    stream = header(2) + command('subvol', ('path', 'lzo'), ('uuid', UUID), ('ctransid', 7)) \
+        + b''.join(body) + command('end')
+    path = os.path.join(tmp, 'lzo')
+    with open(path, 'wb') as f:
+        f.write(stream)
+    store.run('receive', '-f', path)
+    with store.mount('lzo') as m:
+        t.check_bytes(t.read_file(m.p('f')), literals[:4066] + bytes(8192 - 4066),
+                      'f (LZO, padding past the data)')
+    store.run('subvolume', 'delete', 'lzo')
+
+
 def check_every_command(store, tmp):
     stream, expect_f, expect_g, expect_z, t0 = every_command_stream()
     path = os.path.join(tmp, 'every')
@@ -235,6 +273,7 @@ def run():
         if os.path.exists('/dev/fuse') and os.geteuid() == 0:
             check_every_command(store, tmp)
             store.run('subvolume', 'delete', 'every')
+            check_lzo_past_its_data(store, tmp)
         r = store.run('receive', '-f', path, expect=1)
         t.check('exists already' in r.err, f'receiving the same image twice:\n{r.describe()}')
         store.reap()
