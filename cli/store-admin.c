@@ -217,8 +217,8 @@ static int report_mount_error(int error, const char *name, const char *mountpoin
         case -ENOENT:
                 return report_no_subvolume(name);
         case -EBUSY:
-                return report_subvolume_busy(name, holder, "mount it with --read-only, or unmount the "
-                                             "other mount first (fusermount3 -u MOUNTPOINT)");
+                return report_subvolume_busy(name, holder, "unmount the other mount first (fusermount3 -u "
+                                             "MOUNTPOINT), or mount both with --read-only");
         case -ENOTCONN:
                 return report_failure("%s is a FUSE mount whose server is gone; unmount it with "
                                       "'fusermount3 -u %s' first", mountpoint, mountpoint);
@@ -746,9 +746,10 @@ const Command command_mount = {
         .description =
                 "Without --background, the command serves the mount in the foreground until it\n"
                 "is unmounted with 'fusermount3 -u MOUNTPOINT', or until it gets SIGTERM or\n"
-                "SIGINT (Ctrl-C). One process at a time may mount a writable subvolume\n"
-                "writable; others may mount it with --read-only. A read-only subvolume is\n"
-                "always mounted read-only. MOUNTPOINT must be an existing directory.\n",
+                "SIGINT (Ctrl-C). A writable subvolume is mounted writable by one process at\n"
+                "a time, or read-only (--read-only) by any number; a read-only subvolume is\n"
+                "always mounted read-only. A mounted subvolume cannot be deleted; it can be\n"
+                "snapshotted. MOUNTPOINT must be an existing directory.\n",
         .options = (const CommandOption[]) {
                 { ARG_BACKGROUND, "background", NULL, "return once the mount is ready, and serve it\n"
                   "from a background process, which logs to the file 'log'\n"

@@ -68,7 +68,7 @@ int report_no_subvolume(const char *name) {
 int report_subvolume_busy(const char *name, pid_t holder, const char *hint) {
         char process[PROCESS_DESCRIPTION_MAX];
 
-        return report_failure("subvolume '%s' is mounted writable by %s; %s", name,
+        return report_failure("subvolume '%s' is mounted by %s; %s", name,
                               describe_process(holder, process), hint);
 }
 

@@ -588,9 +588,11 @@ int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, SubvolumeLockFlag
         }
 
         /* The holder's pid is for messages only; the lock itself is the flock. */
-        r = write_pid_file(fd, flags & SUBVOLUME_LOCK_BRIEF ? " brief" : "");
-        if (r < 0)
-                return r;
+        if (!(flags & SUBVOLUME_LOCK_UNNAMED)) {
+                r = write_pid_file(fd, flags & SUBVOLUME_LOCK_BRIEF ? " brief" : "");
+                if (r < 0)
+                        return r;
+        }
         return TAKE_FD(fd);
 }
 
@@ -603,7 +605,8 @@ int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder) {
         fd = openat(s->locks_fd, name, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
                 return errno == ENOENT ? 0 : -errno;
-        if (flock(fd, LOCK_SH | LOCK_NB) < 0) {
+        /* Exclusive, for read-only servers share it. */
+        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
                 if (errno != EWOULDBLOCK)
                         return -errno;
                 if (read_pid_file(s->locks_fd, name, ret_holder) < 0)

@@ -173,11 +173,15 @@ typedef enum SubvolumeLockFlags {
         /* For a volume: a holder that is alive is given a moment too, for
          * a server whose mount is gone may not have noticed it yet. */
         SUBVOLUME_LOCK_PATIENT = 1 << 1,
+        /* Shared for a moment by one that serves nothing: the lock file
+         * goes on naming the servers. */
+        SUBVOLUME_LOCK_UNNAMED = 1 << 2,
 } SubvolumeLockFlags;
 
 int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, SubvolumeLockFlags flags, pid_t *ret_holder);
 
-/* 1 and the holder's pid if a process has the subvolume mounted writable. */
+/* 1 and the holder's pid if a process has the subvolume mounted, or holds
+ * it for a moment. */
 int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder);
 int subvolume_locks_prune(Store *s);
 int catalog_id_known(Store *s, const char *table, uint64_t id);

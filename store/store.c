@@ -461,8 +461,13 @@ static int snapshot_once(Store *s, const char *source, const char *name, bool re
          * server has it mounted, it takes the snapshot itself, at a point
          * where everything written before is committed. */
         lock_fd = subvolume_lock_full(s, src.id, true, SUBVOLUME_LOCK_BRIEF, NULL);
-        if (lock_fd == -EBUSY)
-                return control_request_snapshot(s, src.id, name, readonly);
+        if (lock_fd == -EBUSY) {
+                /* Mounted read-only only: nobody writes its top, and a
+                 * shared lock keeps it so while the snapshot freezes it. */
+                lock_fd = subvolume_lock_full(s, src.id, false, SUBVOLUME_LOCK_UNNAMED, NULL);
+                if (lock_fd == -EBUSY)
+                        return control_request_snapshot(s, src.id, name, readonly);
+        }
         if (lock_fd < 0)
                 return lock_fd;
 

@@ -707,13 +707,11 @@ int volume_open(Store *s, const char *name, bool writable, Volume **ret, pid_t *
         }
 
         /* Read-only servers share the lock, so that nobody mounts the
-         * subvolume writable under them. */
-        if (!rec.readonly) {
-                r = subvolume_lock_full(s, rec.id, writable, writable ? SUBVOLUME_LOCK_PATIENT : 0, ret_holder);
-                if (r < 0)
-                        goto fail;
-                v->lock_fd = r;
-        }
+         * subvolume writable, or deletes it, under them. */
+        r = subvolume_lock_full(s, rec.id, writable, writable ? SUBVOLUME_LOCK_PATIENT : 0, ret_holder);
+        if (r < 0)
+                goto fail;
+        v->lock_fd = r;
 
         r = layers_load(v);
         if (r < 0)

@@ -277,6 +277,34 @@ def test_single_writer(store):
     store.delete('held')
 
 
+def test_read_only_mounts(store):
+    """Read-only mounts of an image, or of a writable subvolume, are shared,
+    show as mounted, and keep the subvolume from being deleted (a reap would
+    take its layers from under them) or mounted writable; a snapshot of the
+    writable one is still taken."""
+    store.create('ro-src')
+    with store.mount('ro-src') as m:
+        t.write_file(J(m.path, 'f'), b'kept', fsync=True)
+    store.snapshot('ro-src', 'ro-img', readonly=True)
+    for name in ('ro-img', 'ro-src'):
+        with store.mount(name, readonly=True) as a, store.mount(name, readonly=True) as b:
+            t.check(store.show(name)['mounted_by'] in (a.pid, b.pid), f'{name}: mounted_by {store.show(name)}')
+            r = store.run('subvolume', 'delete', name, expect='fail')
+            t.check(str(b.pid) in r.err or str(a.pid) in r.err, f'the refused delete of {name} names no holder:'
+                    f'\n{r.describe()}')
+            store.reap()
+            t.check_bytes(t.read_file(J(a.path, 'f')), b'kept', f'{name} read after a refused delete and a reap')
+            if name == 'ro-src':
+                store.mount(name).mount(expect='fail')
+                store.snapshot(name, 'ro-src-snap')
+                t.check_equal(store.show(name)['mounted_by'] in (a.pid, b.pid), True,
+                              'mounted_by after a snapshot')
+    with store.mount('ro-src-snap', readonly=True) as m:
+        t.check_bytes(t.read_file(J(m.path, 'f')), b'kept', 'the snapshot taken under read-only mounts')
+    for name in ('ro-src-snap', 'ro-img', 'ro-src'):
+        store.delete(name)
+
+
 def test_blocks_through_layers(store):
     """A file cut short and extended again over a snapshot's blocks counts
     only what it still shows (st_blocks, as du adds it up), and the
@@ -395,6 +423,7 @@ def run():
         sub.run('snapshot of writes never fsync\'d', test_snapshot_of_unflushed, store)
         sub.run('snapshot while the mount is covered', test_snapshot_of_hidden_mount, store)
         sub.run('one writable mount, delete refused while mounted', test_single_writer, store)
+        sub.run('read-only mounts are shared, and refuse a delete', test_read_only_mounts, store)
         sub.run('allocated blocks through layers', test_blocks_through_layers, store)
         sub.run('space accounting and reap', test_space, store)
         sub.run('snapshots while a file is unlinked but open', test_open_unlinked, store)
