@@ -420,6 +420,8 @@ static int rename_entry(Receiver *rc, const StreamCommand *c) {
                 return fail_path(rc, c, c->path, -EBUSY, "the root cannot be renamed");
         replaces = volume_lookup(rc->volume, new_parent, new_name, &replaced) >= 0;
         r = volume_rename(rc->volume, parent, name, new_parent, new_name, 0);
+        if (r == -EINVAL)
+                return fail_path(rc, c, c->path, r, "a directory cannot be moved into itself");
         if (r < 0)
                 return fail_path(rc, c, c->path, r, NULL);
         if (replaces)

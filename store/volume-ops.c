@@ -468,6 +468,29 @@ static int rename_check_replace(Volume *v, const InodeRow *src, InodeRow *dst, I
         return 0;
 }
 
+/* Deeper than any path the kernel can walk to: a loop of directories. */
+#define DIR_DEPTH_MAX (PATH_MAX / 2)
+
+/* 1 if directory dir is ino or lies below it: a directory moved into it
+ * would be cut off from the root, holding itself. The kernel checks this
+ * before a rename reaches us; a send stream's renames come straight here. */
+static int dir_is_within(Volume *v, uint64_t dir, uint64_t ino) {
+        for (unsigned depth = 0; dir != ino; depth++) {
+                _cleanup_(inode_row_clear) InodeRow row = {};
+                int r;
+
+                if (dir == VOLUME_ROOT_INO)
+                        return 0;
+                if (depth >= DIR_DEPTH_MAX)
+                        return -ELOOP;
+                r = inode_get_attr(v, dir, &row);
+                if (r < 0)
+                        return r;
+                dir = row.parent;
+        }
+        return 1;
+}
+
 static int rename_names(Volume *v, uint64_t parent, const char *name,
                         uint64_t newparent, const char *newname, unsigned flags) {
         _cleanup_(inode_row_clear) InodeRow p1 = {}, p2 = {}, src = {}, dst = {};
@@ -505,6 +528,13 @@ static int rename_names(Volume *v, uint64_t parent, const char *name,
                 r = inode_get_attr_for_write(v, dst_ino, &dst);
                 if (r < 0)
                         return r;
+        }
+        if (newparent != parent) {
+                r = S_ISDIR(src.mode) ? dir_is_within(v, newparent, src_ino) : 0;
+                if (r == 0 && (flags & RENAME_EXCHANGE) && S_ISDIR(dst.mode))
+                        r = dir_is_within(v, parent, dst_ino);
+                if (r != 0)
+                        return r < 0 ? r : -EINVAL;
         }
 
         if (flags & RENAME_EXCHANGE)

@@ -58,6 +58,9 @@ def cases(outside):
         command('write', ('path', 'l'), ('file_offset', 0), ('data', b'evil'))]), 'not a regular file'
     yield 'rename out', simple_stream(body=[mkfile('x'), command('rename', ('path', 'x'),
                                                                  ('path_to', '../x'))]), "'..'"
+    yield 'directory into itself', simple_stream(body=[
+        command('mkdir', ('path', 'a'), ('ino', 5)), command('mkdir', ('path', 'a/b'), ('ino', 6)),
+        command('rename', ('path', 'a'), ('path_to', 'a/b/c'))]), 'into itself'
     yield 'NUL in a path', simple_stream(body=[mkfile('a\0b')]), 'NUL'
     yield 'missing parent image', header() + command(
         'snapshot', ('path', 'inc'), ('uuid', UUID), ('ctransid', 2), ('clone_uuid', b'\x99' * 16),
