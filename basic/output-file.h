@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,13 +13,16 @@
 
 /* A file a command writes its output to (a send stream). A regular file is
  * written under a temporary name beside it and renamed over it once all is
- * written, so that a command that fails leaves what was there before;
- * anything else (a FIFO, a terminal, /dev/null) is written as it is, and
- * never removed or synced. */
+ * written, so that a command that fails leaves what was there before. One
+ * in a directory the caller may not write to is written in place, from its
+ * start, and cut to what was written at the end: a command that fails
+ * before it writes still leaves it as it was. Anything else (a FIFO, a
+ * terminal, /dev/null) is written as it is, never removed or synced. */
 typedef struct OutputFile {
         int fd;
         char *path;             /* where a temporary file goes in the end */
         char *temp;             /* NULL: written in place */
+        bool regular_in_place;
 } OutputFile;
 
 static inline void output_file_abort(OutputFile *f) {
@@ -64,6 +68,14 @@ static inline int output_file_open(const char *path, OutputFile *ret) {
                 r = -errno;
                 free(f.temp);
                 f.temp = NULL;
+                if (r == -EACCES || r == -EPERM || r == -EROFS) {
+                        f.fd = open(f.path, O_WRONLY | O_CLOEXEC);
+                        if (f.fd >= 0) {
+                                f.regular_in_place = true;
+                                *ret = f;
+                                return 0;
+                        }
+                }
                 output_file_abort(&f);
                 return r;
         }
@@ -90,6 +102,11 @@ static inline int output_file_commit(OutputFile *f) {
                         free(f->temp);
                         f->temp = NULL;
                 }
+        } else if (f->regular_in_place) {
+                off_t end = lseek(f->fd, 0, SEEK_CUR);
+
+                if (end < 0 || ftruncate(f->fd, end) < 0 || fsync(f->fd) < 0)
+                        r = -errno;
         }
         output_file_abort(f);
         return r;
