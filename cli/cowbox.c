@@ -703,35 +703,36 @@ static int verb_workspace(int argc, char *argv[]) {
                        call_json("ListWorkspaces", print_workspace_table, NULL);
         if (streq(verb, "show"))
                 return verb_simple(argc, argv, 1, "workspace show NAME") ?:
-                       call_json("GetWorkspace", print_workspace, "s", argv[1]);
+                       call_json("GetWorkspace", print_workspace, "s", argv[optind]);
         if (streq(verb, "rm"))
                 return verb_simple(argc, argv, 1, "workspace rm NAME") ?:
-                       call_void("RemoveWorkspace", "Workspace removed.", "s", argv[1]);
+                       call_void("RemoveWorkspace", "Workspace removed.", "s", argv[optind]);
         if (streq(verb, "checkpoints"))
                 return verb_simple(argc, argv, 1, "workspace checkpoints NAME") ?:
-                       call_json("ListCheckpoints", print_checkpoints, "s", argv[1]);
+                       call_json("ListCheckpoints", print_checkpoints, "s", argv[optind]);
         if (streq(verb, "restore"))
                 return verb_simple(argc, argv, 2, "workspace restore NAME LABEL") ?:
-                       call_void("RestoreWorkspace", "Workspace restored.", "ss", argv[1], argv[2]);
+                       call_void("RestoreWorkspace", "Workspace restored.", "ss", argv[optind], argv[optind + 1]);
         if (streq(verb, "set-limit")) {
                 if (verb_simple(argc, argv, 2, "workspace set-limit NAME SIZE"))
                         return EXIT_USAGE;
-                if (parse_size(argv[2], &limit) < 0)
-                        return usage_error("'%s' is not a size (e.g. 20G, or none)", argv[2]);
-                return call_void("SetWorkspaceLimit", "Limit set.", "st", argv[1], limit);
+                if (parse_size(argv[optind + 1], &limit) < 0)
+                        return usage_error("'%s' is not a size (e.g. 20G, or none)", argv[optind + 1]);
+                return call_void("SetWorkspaceLimit", "Limit set.", "st", argv[optind], limit);
         }
         if (streq(verb, "checkpoint")) {
-                char label[32];
+                char stamp[32];
+                const char *label = stamp;
 
                 reset_getopt();
                 if (getopt(argc, argv, "") >= 0 || need_args(argc, argv, 1, 2, "workspace checkpoint NAME [LABEL]"))
                         return EXIT_USAGE;
                 if (optind + 1 < argc)
-                        snprintf(label, sizeof label, "%s", argv[optind + 1]);
+                        label = argv[optind + 1];       /* checked by the daemon */
                 else {
                         time_t now = time(NULL);
 
-                        strftime(label, sizeof label, "%Y%m%d-%H%M%S", localtime(&now));
+                        strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", localtime(&now));
                 }
                 if (call_void("CheckpointWorkspace", NULL, "ss", argv[optind], label) != EXIT_SUCCESS)
                         return EXIT_FAILURE;
@@ -1032,20 +1033,20 @@ static int verb_sandbox(int argc, char *argv[]) {
                 return verb_simple(argc, argv, 0, "sandbox list") ?:
                        call_json("ListSandboxes", print_sandbox_table, NULL);
         if (streq(verb, "show"))
-                return verb_simple(argc, argv, 1, "sandbox show NAME") ?: verb_sandbox_show(argv[1]);
+                return verb_simple(argc, argv, 1, "sandbox show NAME") ?: verb_sandbox_show(argv[optind]);
         if (streq(verb, "start")) {
                 if (verb_simple(argc, argv, 1, "sandbox start NAME"))
                         return EXIT_USAGE;
-                return call_void("StartSandbox", "Sandbox started.", "s", argv[1]);
+                return call_void("StartSandbox", "Sandbox started.", "s", argv[optind]);
         }
         if (streq(verb, "wait"))
-                return verb_simple(argc, argv, 1, "sandbox wait NAME") ?: verb_sandbox_wait(argv[1]);
+                return verb_simple(argc, argv, 1, "sandbox wait NAME") ?: verb_sandbox_wait(argv[optind]);
         if (streq(verb, "kill"))
                 return verb_simple(argc, argv, 1, "sandbox kill NAME") ?:
-                       call_void("KillSandbox", "Sandbox killed.", "s", argv[1]);
+                       call_void("KillSandbox", "Sandbox killed.", "s", argv[optind]);
         if (streq(verb, "rm"))
                 return verb_simple(argc, argv, 1, "sandbox rm NAME") ?:
-                       call_void("DeleteSandbox", "Sandbox removed.", "s", argv[1]);
+                       call_void("DeleteSandbox", "Sandbox removed.", "s", argv[optind]);
         return usage_error("unknown sandbox command '%s'", verb);
 }
 
@@ -1158,13 +1159,13 @@ static int dispatch(int argc, char *argv[]) {
                                                                                      print_subvolume_table, NULL);
                 if (streq(verb, "show"))
                         return verb_simple(argc, argv, 1, "image show NAME") ?:
-                               call_json("GetSubvolume", print_subvolume, "s", argv[1]);
+                               call_json("GetSubvolume", print_subvolume, "s", argv[optind]);
                 if (streq(verb, "rm"))
                         return verb_simple(argc, argv, 1, "image rm NAME") ?:
-                               call_void("RemoveImage", "Image removed.", "s", argv[1]);
+                               call_void("RemoveImage", "Image removed.", "s", argv[optind]);
                 if (streq(verb, "rename"))
                         return verb_simple(argc, argv, 2, "image rename NAME NEW-NAME") ?:
-                               call_void("Rename", "Image renamed.", "ss", argv[1], argv[2]);
+                               call_void("Rename", "Image renamed.", "ss", argv[optind], argv[optind + 1]);
                 return usage_error("unknown image command '%s'", verb);
         }
         if (streq(noun, "workspace"))
@@ -1177,12 +1178,12 @@ static int dispatch(int argc, char *argv[]) {
                 return verb_simple(argc, argv, 0, "list") ?: call_json("ListSubvolumes", print_subvolume_table, NULL);
         if (streq(noun, "show"))
                 return verb_simple(argc, argv, 1, "show NAME") ?:
-                       call_json("GetSubvolume", print_subvolume, "s", argv[1]);
+                       call_json("GetSubvolume", print_subvolume, "s", argv[optind]);
         if (streq(noun, "snapshot"))
                 return verb_snapshot(argc, argv);
         if (streq(noun, "rm"))
                 return verb_simple(argc, argv, 1, "rm NAME") ?:
-                       call_void("DeleteSubvolume", "Subvolume deleted.", "s", argv[1]);
+                       call_void("DeleteSubvolume", "Subvolume deleted.", "s", argv[optind]);
         if (streq(noun, "status"))
                 return verb_simple(argc, argv, 0, "status") ?: call_json("GetStatus", print_status, NULL);
         if (streq(noun, "jobs"))
@@ -1197,9 +1198,9 @@ static int dispatch(int argc, char *argv[]) {
 
                 if (verb_simple(argc, argv, 1, "cancel ID"))
                         return EXIT_USAGE;
-                id = strtoul(argv[1], &end, 10);
+                id = strtoul(argv[optind], &end, 10);
                 if (!end || *end || id == 0 || id > UINT32_MAX)
-                        return usage_error("'%s' is not a job id", argv[1]);
+                        return usage_error("'%s' is not a job id", argv[optind]);
                 return call_void("CancelJob", "Job cancelled.", "u", (uint32_t) id);
         }
         return usage_error("unknown command '%s'", noun);

@@ -10,6 +10,7 @@ back to where it started."""
 import concurrent.futures
 import json
 import os
+import shlex
 import re
 import shutil
 import signal
@@ -103,6 +104,30 @@ def check_sandbox_edges(bus, store):
     t.check('receiving end' in r.stderr, f'a send whose reader went away:\n{r.stderr}')
 
 
+def check_client_arguments(bus):
+    """Names after '--' are the ones acted on, also '--' and names that
+    start with '-'; the bash completion offers the daemon's names."""
+    d.cowbox(bus, 'snapshot', '--', 'checkout', '-lead')
+    d.cowbox(bus, 'snapshot', '--', 'checkout', '--')
+    d.cowbox(bus, 'snapshot', 'checkout', 'keep-me')
+    t.check('-lead' in d.cowbox(bus, 'show', '--', '-lead').out, 'show -- -lead')
+    d.cowbox(bus, 'rm', '--', 'keep-me')
+    t.check_equal(d.names(bus), ['--', '-lead', 'checkout'], "subvolumes after 'rm -- keep-me'")
+    d.cowbox(bus, 'rm', '--', '-lead')
+    d.cowbox(bus, 'rm', '--', '--')
+    t.check_equal(d.names(bus), ['checkout'], 'subvolumes after the removals')
+
+    completion = os.path.join(t.source_root(), 'contrib', 'cowbox.bash-completion')
+    path = os.path.dirname(d.client_exe()) + ':' + os.environ['PATH']
+    for words, want in ((['image', 'show', ''], 'checkout'), (['sandbox', ''], 'show'),
+                        (['run', ''], 'checkout'), (['image', 'send', '-p', ''], 'checkout')):
+        quoted = ' '.join(shlex.quote(w) for w in words)
+        script = (f'source {completion}; COMP_WORDS=(cowbox {quoted}); COMP_CWORD={len(words)}; _cowbox; '
+                  'printf "%s\\n" "${COMPREPLY[@]}"')
+        r = d.run(bus, ['env', f'PATH={path}', 'bash', '-c', script])
+        t.check(want in r.out.split(), f'completion of cowbox {" ".join(words)} offers no {want}:\n{r.describe()}')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -112,6 +137,7 @@ def run():
         with d.bus_and_daemon(store) as (bus, daemon):
             d.cowbox(bus, 'image', 'receive', '-f', stream)
             t.check_equal(d.names(bus), ['checkout'], 'images after the receive')
+            check_client_arguments(bus)
 
             def task(i):
                 r = d.cowbox(bus, 'run', '--memory-max', '256M', '--timeout', '120', 'checkout', '--',
