@@ -176,6 +176,8 @@ static int verb_run(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (argc - optind < 2)
                 return report_usage_error(cmd, "give a subvolume and a command: run SUBVOL -- COMMAND [ARG...]");
         r = command_check_name(cmd, argv[optind]);
+        if (r == 0 && opts.name)
+                r = command_check_new_name(cmd, opts.name);
         if (r != 0)
                 return r;
         opts.source = argv[optind];

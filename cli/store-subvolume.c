@@ -106,6 +106,9 @@ static int verb_create(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (r != 0)
                 return r == PARSE_DONE ? EXIT_SUCCESS : r;
         name = argv[optind];
+        r = command_check_new_name(cmd, name);
+        if (r != 0)
+                return r;
 
         r = tool_open_store(tool, &store);
         if (r != 0)
@@ -142,7 +145,7 @@ static int verb_snapshot(Tool *tool, const Command *cmd, int argc, char *argv[])
         name = argv[optind + 1];
         r = command_check_name(cmd, source);
         if (r == 0)
-                r = command_check_name(cmd, name);
+                r = command_check_new_name(cmd, name);
         if (r != 0)
                 return r;
 

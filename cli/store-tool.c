@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "images.h"
 #include "store-tool.h"
 #include "string-util.h"
 
@@ -514,6 +515,15 @@ int command_check_name(const Command *cmd, const char *name) {
                                   string_is_printable(name) ? name : "the name given",
                                   string_is_printable(name) ? "'" : "",
                                   STORE_NAME_MAX);
+}
+
+int command_check_new_name(const Command *cmd, const char *name) {
+        int r = command_check_name(cmd, name);
+
+        if (r == 0 && startswith(name, IMAGE_RECEIVING_PREFIX))
+                return report_usage_error(cmd, "'%s': names starting with '" IMAGE_RECEIVING_PREFIX "' are those of "
+                                          "images being received", name);
+        return r;
 }
 
 /* ---- help ---- */

@@ -156,6 +156,9 @@ int command_check_arguments(const Command *cmd, int argc, char *argv[], int min,
 
 /* Checks a subvolume name given on the command line: 0 or EXIT_USAGE. */
 int command_check_name(const Command *cmd, const char *name);
+/* The same, for the name of a subvolume to make: not one of those that a
+ * receive uses while it works, which the next receive deletes. */
+int command_check_new_name(const Command *cmd, const char *name);
 
 void command_help(const Command *cmd);
 

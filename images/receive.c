@@ -14,9 +14,11 @@
  * through a symbolic link.
  */
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <lzo/lzo1x.h>
@@ -881,12 +883,21 @@ int image_remove_stale_receives(Store *s) {
         if (r < 0)
                 return r;
         for (char **name = names; *name; name++) {
+                const char *p = *name + strlen(IMAGE_RECEIVING_PREFIX);
+                unsigned long counter;
+                char *end;
                 long pid;
 
-                if (!startswith(*name, IMAGE_RECEIVING_PREFIX))
+                /* Exactly the names receives make: PID-N. */
+                if (!startswith(*name, IMAGE_RECEIVING_PREFIX) || !isdigit((unsigned char) p[0]))
                         continue;
-                pid = strtol(*name + strlen(IMAGE_RECEIVING_PREFIX), NULL, 10);
-                if (pid > 0 && process_alive((pid_t) pid))
+                pid = strtol(p, &end, 10);
+                if (*end != '-' || !isdigit((unsigned char) end[1]))
+                        continue;
+                counter = strtoul(end + 1, &end, 10);
+                if (*end != 0 || pid <= 0 || counter > UINT_MAX)
+                        continue;
+                if (process_alive((pid_t) pid))
                         continue;
                 /* One still mounted stays: its lock is taken, the delete fails. */
                 if (store_subvolume_delete(s, *name, NULL) >= 0)

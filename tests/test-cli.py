@@ -200,6 +200,32 @@ def test_send_output(store):
     t.check(os.path.exists('/dev/null') and not os.path.isfile('/dev/null'), '/dev/null after a send to it')
 
 
+def test_receiving_names(store):
+    """Names starting with '.receiving-' are those of images being
+    received: no command makes one, and a receive, which deletes those left
+    by receives that died, leaves alone any other name that starts so."""
+    store.create('rcv-src')
+    store.snapshot('rcv-src', 'rcv-img', readonly=True)
+    stream = os.path.join(store.new_dir('rcv'), 'stream')
+    store.run('send', '-f', stream, 'rcv-img')
+    store.run('subvolume', 'delete', 'rcv-img')
+    for args in (['subvolume', 'create', '.receiving-1-1'], ['subvolume', 'snapshot', 'rcv-src', '.receiving-7'],
+                 ['run', '--name', '.receiving-2-2', 'rcv-src', '--', 'true']):
+        r = store.run(*args, expect=2)
+        check_mentions(r, 'images being received', ' '.join(args))
+    # As an older version let one be made.
+    store.create('rcv-old')
+    db = sqlite3.connect(os.path.join(store.path, 'catalog.db'))
+    db.execute("UPDATE subvolumes SET name = '.receiving-old-backup' WHERE name = 'rcv-old'")
+    db.commit()
+    db.close()
+    store.run('receive', '-f', stream)
+    names = store.names()
+    t.check('.receiving-old-backup' in names and 'rcv-img' in names, f'subvolumes after a receive: {names}')
+    for name in ('rcv-img', 'rcv-src', '.receiving-old-backup'):
+        store.run('subvolume', 'delete', name)
+
+
 def test_json(store):
     doc = t.json_usage(store.json('usage'))
     for key in ('logical_bytes', 'stored_bytes', 'data_bytes', 'pack_file_bytes', 'reclaimable_bytes'):
@@ -353,6 +379,7 @@ def run():
         sub.run('snapshots', test_snapshots, store)
         sub.run('misuse', test_misuse, store)
         sub.run('send -f FILE', test_send_output, store)
+        sub.run('names of images being received', test_receiving_names, store)
         sub.run('json', test_json, store)
         sub.run('reap, scrub, fsck', test_maintenance, store)
         sub.run('reap while the catalog is locked', test_reap_busy, store)
