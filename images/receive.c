@@ -44,6 +44,15 @@ typedef struct CloneSource {
         Volume *volume;
 } CloneSource;
 
+/* An image of the input, complete, that takes its name and its received
+ * UUID once the whole input has checked out: until then no other receive
+ * finds it, for its input may still be refused. */
+typedef struct PendingImage {
+        char temp[64];          /* empty once named */
+        uint8_t uuid[16];
+        uint64_t ctransid;
+} PendingImage;
+
 typedef struct Receiver {
         Store *store;
         const ImageReceiveOptions *opts;
@@ -62,7 +71,7 @@ typedef struct Receiver {
         size_t n_sources;
 
         /* Subvolumes received, under their temporary names until the end. */
-        char (*pending_temp)[64];
+        PendingImage *pending;
         char **names;           /* NULL-terminated */
         size_t n_names;
         unsigned n_subvolumes;
@@ -206,7 +215,19 @@ static int check_image_name(Receiver *rc, const StreamCommand *c, const char *na
                                       "already; delete it, or receive under another name", name);
         if (r != -ENOENT)
                 return image_error(rc->error, r, "cannot look up '%s' in the store: %s", name, strerror(-r));
+        for (size_t i = 0; i < rc->n_names; i++)
+                if (streq(rc->names[i], name))
+                        return image_error_at(rc->error, -EEXIST, c->offset, "the input holds two subvolumes "
+                                              "named '%s'", name);
         return 0;
+}
+
+/* The temporary name of an image this input made, if it has that UUID. */
+static const char *pending_image(const Receiver *rc, const uint8_t uuid[16]) {
+        for (size_t i = 0; i < rc->n_names; i++)
+                if (rc->pending[i].temp[0] && memcmp(rc->pending[i].uuid, uuid, 16) == 0)
+                        return rc->pending[i].temp;
+        return NULL;
 }
 
 static int begin_subvolume(Receiver *rc, const StreamCommand *c) {
@@ -234,7 +255,9 @@ static int begin_subvolume(Receiver *rc, const StreamCommand *c) {
         snprintf(rc->temp_name, sizeof rc->temp_name, IMAGE_RECEIVING_PREFIX "%d-%u",
                  (int) getpid(), counter++);
 
-        if (c->cmd == CMD_SNAPSHOT) {
+        if (c->cmd == CMD_SNAPSHOT && pending_image(rc, c->clone_uuid))
+                r = store_subvolume_snapshot(rc->store, pending_image(rc, c->clone_uuid), rc->temp_name, false);
+        else if (c->cmd == CMD_SNAPSHOT) {
                 StoreSubvolumeInfo parent = {};
 
                 uuid_format(c->clone_uuid, uuid);
@@ -281,8 +304,7 @@ static void abandon_subvolume(Receiver *rc) {
 }
 
 static int finish_subvolume(Receiver *rc, const StreamCommand *c) {
-        char (*temps)[64];
-        char uuid[37];
+        PendingImage *pending;
         char **names;
         int r;
 
@@ -294,10 +316,7 @@ static int finish_subvolume(Receiver *rc, const StreamCommand *c) {
         if (r < 0)
                 return image_error(rc->error, r, "cannot store the image: %s", strerror(-r));
 
-        uuid_format(rc->uuid, uuid);
-        r = store_subvolume_set_received(rc->store, rc->temp_name, uuid, rc->ctransid);
-        if (r >= 0)
-                r = store_subvolume_set_readonly(rc->store, rc->temp_name, true);
+        r = store_subvolume_set_readonly(rc->store, rc->temp_name, true);
         if (r < 0)
                 return image_error(rc->error, r, "cannot complete the image: %s", strerror(-r));
 
@@ -305,11 +324,14 @@ static int finish_subvolume(Receiver *rc, const StreamCommand *c) {
         if (!names)
                 return -ENOMEM;
         rc->names = names;
-        temps = realloc(rc->pending_temp, (rc->n_names + 1) * sizeof *temps);
-        if (!temps)
+        pending = realloc(rc->pending, (rc->n_names + 1) * sizeof *pending);
+        if (!pending)
                 return -ENOMEM;
-        rc->pending_temp = temps;
-        memcpy(rc->pending_temp[rc->n_names], rc->temp_name, sizeof rc->temp_name);
+        rc->pending = pending;
+        pending = &rc->pending[rc->n_names];
+        memcpy(pending->temp, rc->temp_name, sizeof pending->temp);
+        memcpy(pending->uuid, rc->uuid, sizeof pending->uuid);
+        pending->ctransid = rc->ctransid;
         rc->names[rc->n_names++] = TAKE_PTR(rc->name);
         rc->names[rc->n_names] = NULL;
         rc->temp_name[0] = 0;
@@ -321,16 +343,23 @@ static int name_images(Receiver *rc) {
         int r;
 
         for (size_t i = 0; i < rc->n_names; i++) {
-                if (!rc->pending_temp[i][0])
+                char uuid[37];
+
+                if (!rc->pending[i].temp[0])
                         continue;
-                r = store_subvolume_rename(rc->store, rc->pending_temp[i], rc->names[i]);
+                uuid_format(rc->pending[i].uuid, uuid);
+                r = store_subvolume_set_received(rc->store, rc->pending[i].temp, uuid, rc->pending[i].ctransid);
+                if (r < 0)
+                        return image_error(rc->error, r, "cannot complete the image '%s': %s", rc->names[i],
+                                           strerror(-r));
+                r = store_subvolume_rename(rc->store, rc->pending[i].temp, rc->names[i]);
                 if (r == -EEXIST)
                         return image_error(rc->error, r, "an image named '%s' appeared while this one was "
                                            "received", rc->names[i]);
                 if (r < 0)
                         return image_error(rc->error, r, "cannot name the image '%s': %s", rc->names[i],
                                            strerror(-r));
-                rc->pending_temp[i][0] = 0;
+                rc->pending[i].temp[0] = 0;
         }
         return 0;
 }
@@ -339,7 +368,7 @@ static void abandon_pending(Receiver *rc) {
         bool deleted = false;
 
         for (size_t i = 0; i < rc->n_names; i++)
-                if (rc->pending_temp[i][0] && store_subvolume_delete(rc->store, rc->pending_temp[i], NULL) >= 0)
+                if (rc->pending[i].temp[0] && store_subvolume_delete(rc->store, rc->pending[i].temp, NULL) >= 0)
                         deleted = true;
         if (deleted && !rc->opts->no_background_reap)
                 (void) store_reap_in_background(rc->store);
@@ -544,7 +573,14 @@ static Volume *clone_source(Receiver *rc, const StreamCommand *c, int *ret_error
                         return rc->sources[i].volume;
 
         uuid_format(c->clone_uuid, uuid);
-        r = store_subvolume_find_uuid(rc->store, uuid, &info);
+        if (pending_image(rc, c->clone_uuid)) {
+                r = 0;
+                info.readonly = true;
+                info.name = strdup(pending_image(rc, c->clone_uuid));
+                if (!info.name)
+                        r = -ENOMEM;
+        } else
+                r = store_subvolume_find_uuid(rc->store, uuid, &info);
         if (r == -ENOENT)
                 r = image_error_at(rc->error, r, c->offset, "clone '%s': its source, the subvolume with UUID %s, "
                                    "is not in this store", c->path, uuid);
@@ -835,7 +871,7 @@ finish:
         abandon_subvolume(&rc);
         if (r < 0)
                 abandon_pending(&rc);
-        free(rc.pending_temp);
+        free(rc.pending);
         free(rc.reader.buf);
         free(rc.decoded);
         free(rc.name);

@@ -10,6 +10,8 @@ import stat
 import struct
 import subprocess
 import sys
+import time
+import uuid
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -73,6 +75,8 @@ def cases(outside):
     yield 'second subvolume truncated', good + simple_stream('second', body=[mkfile('g')])[:-5], 'truncated'
     yield 'command before the subvolume', header() + mkfile('x') + command('end'), 'before the stream'
     yield 'garbage after the stream', good + b'garbage', 'stream header'
+    yield 'two subvolumes of one name', good + simple_stream('good', uuid=b'\x22' * 16, body=[mkfile('g')]), \
+        "two subvolumes named 'good'"
 
 
 def tamper_with_data(stream):
@@ -228,6 +232,67 @@ def check_lzo_past_its_data(store, tmp):
     store.run('subvolume', 'delete', 'lzo')
 
 
+def check_increment_in_one_input(store, tmp):
+    """An image and an increment on it in one input: the increment finds its
+    parent, and clones from it, before either has its name."""
+    a, b = b'\xa1' * 16, b'\xb2' * 16
+    data = t.random_bytes(65536, 3)
+    full = simple_stream('inc-a', uuid=a, body=[mkfile('f')] + [
+        command('write', ('path', 'f'), ('file_offset', off), ('data', data[off:off + 32768])) for off in (0, 32768)])
+    inc = (header() + command('snapshot', ('path', 'inc-b'), ('uuid', b), ('ctransid', 8), ('clone_uuid', a),
+                              ('clone_ctransid', 7))
+           + mkfile('g') + command('clone', ('file_offset', 0), ('clone_len', 65536), ('path', 'g'),
+                                   ('clone_uuid', a), ('clone_ctransid', 7), ('clone_path', 'f'),
+                                   ('clone_offset', 0))
+           + command('end'))
+    path = os.path.join(tmp, 'increment')
+    with open(path, 'wb') as f:
+        f.write(full + inc)
+    store.run('receive', '-f', path)
+    names = store.names()
+    t.check('inc-a' in names and 'inc-b' in names, f'images of an input with an increment: {names}')
+    with store.mount('inc-b', readonly=True) as m:
+        t.check_bytes(t.read_file(m.p('f')), data, 'inc-b/f, from its parent')
+        t.check_bytes(t.read_file(m.p('g')), data, 'inc-b/g, cloned from its parent')
+    t.check_equal(store.show('inc-b')['received_uuid'], str(uuid.UUID(bytes=b)), 'the received UUID of inc-b')
+    for name in ('inc-b', 'inc-a'):
+        store.run('subvolume', 'delete', name)
+
+
+def check_unfinished_image_unseen(store, tmp):
+    """An image whose input is still being read is not yet there for others:
+    an increment on it is refused, and nothing is left once its input turns
+    out bad."""
+    half = b'\xc3' * 16
+    full = simple_stream('half', uuid=half, body=[mkfile('f')])
+    before = store.names()
+    receiver = subprocess.Popen([t.tool(), '--store', store.path, 'receive'], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        receiver.stdin.write(full)
+        receiver.stdin.flush()
+        deadline = time.monotonic() + 60
+        while not any(s['name'].startswith('.receiving-') and s['readonly'] for s in store.list()):
+            t.check(time.monotonic() < deadline, 'the first image of the input was never complete')
+            time.sleep(0.05)
+        inc = (header() + command('snapshot', ('path', 'on-half'), ('uuid', b'\xd4' * 16), ('ctransid', 8),
+                                  ('clone_uuid', half), ('clone_ctransid', 7)) + command('end'))
+        path = os.path.join(tmp, 'on-half')
+        with open(path, 'wb') as f:
+            f.write(inc)
+        r = store.run('receive', '-f', path, expect=1)
+        t.check('not in this store' in r.err, f'an increment on an image still being received:\n{r.describe()}')
+        receiver.stdin.write(b'garbage')
+        receiver.stdin.close()
+        err = receiver.stderr.read().decode(errors='replace')
+        t.check_equal(receiver.wait(60), 1, f'the receive of a bad input: {err}')
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
+    t.check_equal(store.names(), before, 'subvolumes after both receives')
+
+
 def check_every_command(store, tmp):
     stream, expect_f, expect_g, expect_z, t0 = every_command_stream()
     path = os.path.join(tmp, 'every')
@@ -277,6 +342,8 @@ def run():
             check_every_command(store, tmp)
             store.run('subvolume', 'delete', 'every')
             check_lzo_past_its_data(store, tmp)
+            check_increment_in_one_input(store, tmp)
+        check_unfinished_image_unseen(store, tmp)
         r = store.run('receive', '-f', path, expect=1)
         t.check('exists already' in r.err, f'receiving the same image twice:\n{r.describe()}')
         store.reap()
