@@ -499,7 +499,13 @@ int catalog_set_readonly(Store *s, const SubvolumeRecord *rec, bool readonly) {
         r = catalog_next_transid(s, &transid);
         if (r < 0)
                 goto fail;
-        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET readonly = ?1, top_layer = ?2, ctransid = ?3 "
+        /* Made writable, a received image is no longer what its sender
+         * has: an increment sent against that would apply to another tree,
+         * and a send of it would claim to be the original (btrfs clears
+         * these too). */
+        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET readonly = ?1, top_layer = ?2, ctransid = ?3, "
+                                       "received_uuid = CASE WHEN ?1 THEN received_uuid ELSE '' END, "
+                                       "stransid = CASE WHEN ?1 THEN stransid ELSE 0 END "
                                        "WHERE id = ?4 AND deleted = 0", &st);
         if (r < 0)
                 goto fail;

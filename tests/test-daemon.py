@@ -124,6 +124,17 @@ def check_jobs_and_objects(bus, store):
         d.cowbox(bus, 'image', 'receive', '-f', os.path.join(CORPUS, 'btrfs-v1-incremental'), 'base-v2')
         t.check_equal(d.names(bus), ['base', 'base-v2'], 'subvolumes after the increment')
 
+        # A received image made writable is no longer its sender's: it
+        # keeps no received UUID to take increments meant for the original.
+        d.cowbox(bus, 'image', 'receive', '-f', os.path.join(CORPUS, 'btrfs-v1-full'), 'thawed')
+        received = d.gdbus_json(bus, 'GetSubvolume', 'thawed')
+        t.check(received['received_uuid'] and received['stransid'] > 0, f'a received image: {received}')
+        d.gdbus_call(bus, 'SetReadOnly', 'thawed', 'false')
+        d.gdbus_call(bus, 'SetReadOnly', 'thawed', 'true')
+        thawed = d.gdbus_json(bus, 'GetSubvolume', 'thawed')
+        t.check(not thawed['received_uuid'] and thawed['stransid'] == 0, f'a received image made writable: {thawed}')
+        d.cowbox(bus, 'rm', 'thawed')
+
         # A subvolume's object: properties and methods.
         r = d.gdbus_call(bus, 'Snapshot', 'base', 'task', '{}')
         t.check('/org/cowbox1/subvolume/task' in r.out, f'Snapshot returns the object path:\n{r.out}')
