@@ -101,6 +101,12 @@ static int inode_setattr(Volume *v, uint64_t ino, const struct stat *attr, unsig
                 if (attr->st_size < 0)
                         return -EINVAL;
                 if ((uint64_t) attr->st_size != row.size) {
+                        /* The quota counts sizes: growing one is as a write. */
+                        if ((uint64_t) attr->st_size > row.size) {
+                                r = volume_check_quota(v, (uint64_t) attr->st_size - row.size);
+                                if (r < 0)
+                                        return r;
+                        }
                         r = data_truncate(v, &row, (uint64_t) attr->st_size);
                         if (r < 0)
                                 return r;

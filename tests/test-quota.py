@@ -103,6 +103,13 @@ def run():
             t.check_bytes(t.read_file(m.p('first')), first, 'the file written before the quota was reached')
             # Small files still fit, up to the limit.
             t.check_equal(write_synced(m.p('small'), b'x' * 1000), None, 'a small file under the limit')
+            # A file made larger by its size alone counts as if written.
+            t.expect_errno(errno.EDQUOT, os.truncate, m.p('small'), 100 * 1024 * MiB,
+                           what='truncate to 100 GiB past the limit')
+            with open(m.p('small'), 'r+b') as f:
+                t.expect_errno(errno.EDQUOT, os.ftruncate, f.fileno(), 1 * MiB, what='ftruncate past the limit')
+                os.ftruncate(f.fileno(), 2000)
+            t.check_equal(os.stat(m.p('small')).st_size, 2000, 'a file made larger under the limit')
 
             # Buffered writes past the limit, no fsync: the write() that
             # passes it fails, close() does not, and the file holds exactly
