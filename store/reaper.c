@@ -473,6 +473,8 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
         if (n > 0)
                 qsort(dead, n, sizeof *dead, block_row_compare);
         for (size_t i = 0, j; i < n; i = j) {
+                uint64_t punched = 0;
+
                 /* Paced record by record, punched pack by pack. */
                 for (j = i; j < n && dead[j].loc.pack == dead[i].loc.pack; j++) {
                         uint64_t bytes = sizeof(PackRecordHeader) + dead[j].loc.stored_len;
@@ -481,15 +483,17 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
                         if (r < 0)
                                 return r;
                         stats->blocks_freed++;
-                        stats->bytes_freed += bytes;
+                        punched += bytes;
                 }
                 /* A pack left with no live block that no writer holds
-                 * goes whole, below. */
+                 * goes whole, below, and counts as its file. */
                 r = catalog_pack_has_blocks(s, dead[i].loc.pack);
                 if (r == 0)
                         r = pack_is_written(s, dead[i].loc.pack);
-                if (r > 0)
+                if (r > 0) {
                         r = pack_punch(s, dead[i].loc.pack, dead + i, j - i);
+                        stats->bytes_freed += punched;
+                }
                 if (r < 0)
                         return r;
         }
@@ -497,7 +501,7 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
 }
 
 /* Packs without live blocks that no writer holds. */
-static int remove_empty_packs(Store *s) {
+static int remove_empty_packs(Store *s, StoreReapStats *stats) {
         _cleanup_free_ uint64_t *ids = NULL;
         size_t n = 0;
         int r;
@@ -519,11 +523,17 @@ static int remove_empty_packs(Store *s) {
                 _cleanup_stmt_ sqlite3_stmt *del = NULL;
                 char name[32];
 
+                struct stat st;
+
                 snprintf(name, sizeof name, "%" PRIu64 ".pack", ids[i]);
                 fd = openat(s->packs_fd, name, O_RDWR | O_CLOEXEC);
                 if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0)
                         continue; /* a writer appends to it */
-                (void) unlinkat(s->packs_fd, name, 0);
+                /* Its dead blocks, and what a writer stored and never indexed. */
+                if (fd >= 0 && fstat(fd, &st) >= 0 && unlinkat(s->packs_fd, name, 0) >= 0)
+                        stats->bytes_freed += (uint64_t) st.st_blocks * 512;
+                else
+                        (void) unlinkat(s->packs_fd, name, 0);
 
                 CATALOG_LOCKED(s);
                 r = sqlite_prepare(s->catalog, "DELETE FROM packs WHERE id = ?1", &del);
@@ -627,7 +637,7 @@ static int collect_garbage(Store *s, Pace *pace, StoreReapStats *stats) {
         r = sweep_blocks(s, &live, pace, stats);
         if (r < 0)
                 return r;
-        r = remove_empty_packs(s);
+        r = remove_empty_packs(s, stats);
         if (r < 0)
                 return r;
         return reclaim_unindexed_records(s, stats);

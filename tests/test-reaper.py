@@ -11,6 +11,7 @@ finish."""
 
 import fcntl
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -125,6 +126,42 @@ def checks_wait_for_reaper(store):
                 f'{what} did not say whom it waited for: {err!r}')
 
 
+def reap_counts_what_it_frees():
+    """What a reap says it freed is what the store's files gave back: the
+    blocks of deleted subvolumes, and those a writer stored but never
+    indexed (killed between the two), in a pack no index names."""
+    with t.Store('reaper-count') as store:
+        def store_bytes():
+            return sum(t.disk_usage(os.path.join(store.path, d)) for d in ('packs', 'layers'))
+
+        store.create('killed')
+        m = store.mount('killed')
+        m.mount()
+        with open(m.p('unsynced'), 'wb') as f:
+            for i in range(8):
+                f.write(t.random_bytes(MiB, 90 + i))
+        time.sleep(1)           # blocks are stored ahead of the commit
+        m.kill()
+        db = sqlite3.connect(os.path.join(store.path, 'catalog.db'))
+        t.check(db.execute('DELETE FROM blocks').rowcount > 0, 'blocks stored ahead of the commit')
+        db.commit()
+        db.close()
+        store.delete('killed', reap=False)
+        before = store_bytes()
+        freed = store.json('reap', '--wait')['bytes_freed']
+        gone = before - store_bytes()
+        t.check(gone >= DATA, f'the reap gave back {gone} bytes of a pack no index names')
+        t.check(abs(freed - gone) <= gone // 10, f'the reap said it freed {freed} bytes; the store gave back {gone}')
+
+        fill(store, 'dead', 5)
+        store.delete('dead', reap=False)
+        before = store_bytes()
+        freed = store.json('reap', '--wait')['bytes_freed']
+        gone = before - store_bytes()
+        t.check(gone >= DATA, f'the reap gave back {gone} bytes of a deleted subvolume')
+        t.check(abs(freed - gone) <= gone // 10, f'the reap said it freed {freed} bytes; the store gave back {gone}')
+
+
 def run():
     t.require_fuse()
     with t.Store('reaper') as store:
@@ -157,6 +194,7 @@ def run():
         idle_mount_lets_reaper_in(store)
         store.fsck()
         checks_wait_for_reaper(store)
+    reap_counts_what_it_frees()
 
 
 t.main(run)
