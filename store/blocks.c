@@ -661,8 +661,11 @@ void block_put_many(Store *s, BlockPut *puts, size_t n) {
         for (size_t i = 0; i < n; i++) {
                 BlockPut *b = &puts[i];
 
-                if (b->result == -ENOENT)
+                if (b->result == -ENOENT) {
                         b->result = record_append(s, b->record, b->record_len, &b->digest, b->len, &b->loc);
+                        if (b->result >= 0)
+                                space_used(s, b->record_len);
+                }
                 b->record = mfree(b->record);
         }
 }

@@ -7,6 +7,11 @@
  * cleaning up (unlink, truncate, delete and the reaper always proceed).
  * Data held in memory (dirty blocks) counts as used until it is stored.
  *
+ * Each process knows only what it holds itself: several writing at once
+ * could each take what is free. Near the margin every check looks at the
+ * disk again, and writers keep little in memory (space_low()), so that
+ * what the others have stored is seen and what they hold stays small.
+ *
  * The margin only holds while the store is the one filling the disk. For
  * when something else fills it, the store keeps a reserve file: space
  * taken while there is plenty, given back when the disk is nearly full,
@@ -25,6 +30,9 @@
 #include "store-internal.h"
 
 #define SPACE_CHECK_INTERVAL_USEC 100000
+/* Free space above the margin under which the store is low on space: what
+ * four writers may each hold in memory otherwise (DIRTY_MAX blocks). */
+#define SPACE_LOW_BYTES (256ull << 20)
 /* Each SQLite journal may grow by a few MiB before its checkpoint. */
 #define SPACE_MARGIN_MIN (8ull << 20)
 #define SPACE_MARGIN_MAX (256ull << 20)
@@ -117,12 +125,21 @@ static bool space_fits(Store *s, uint64_t bytes, SpaceUse use) {
         return s->space.free_bytes >= needed;
 }
 
+static bool space_is_low(Store *s) {
+        return s->space.free_bytes < space_margin(s) + SPACE_LOW_BYTES;
+}
+
+bool space_low(Store *s) {
+        MUTEX_LOCKED(&s->space.lock);
+        return space_is_low(s);
+}
+
 int space_check(Store *s, uint64_t bytes, SpaceUse use) {
         MUTEX_LOCKED(&s->space.lock);
 
         if (use == SPACE_CLEANUP)
                 return 0;
-        if (now_usec() - s->space.checked_usec > SPACE_CHECK_INTERVAL_USEC)
+        if (space_is_low(s) || now_usec() - s->space.checked_usec > SPACE_CHECK_INTERVAL_USEC)
                 space_refresh(s);
         if (space_fits(s, bytes, use))
                 return 0;
@@ -139,4 +156,9 @@ void space_hold(Store *s, uint64_t bytes) {
 void space_release(Store *s, uint64_t bytes) {
         MUTEX_LOCKED(&s->space.lock);
         s->space.held_bytes -= MIN(s->space.held_bytes, bytes);
+}
+
+void space_used(Store *s, uint64_t bytes) {
+        MUTEX_LOCKED(&s->space.lock);
+        s->space.free_bytes -= MIN(s->space.free_bytes, bytes);
 }

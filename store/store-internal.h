@@ -407,6 +407,12 @@ typedef enum SpaceUse {
 int space_check(Store *s, uint64_t bytes, SpaceUse use);
 void space_hold(Store *s, uint64_t bytes);
 void space_release(Store *s, uint64_t bytes);
+/* Bytes written to the disk since the last look at its free space: held
+ * bytes that are stored leave the hold, and must not go uncounted until
+ * the next look. */
+void space_used(Store *s, uint64_t bytes);
+/* Whether free space is near the margin: writers keep little in memory. */
+bool space_low(Store *s);
 uint64_t space_margin(Store *s);
 /* The margin of a file system of this size. */
 uint64_t space_margin_of(uint64_t total_bytes);

@@ -750,7 +750,7 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
                 v->flush_ahead_wanted = true;
                 pthread_cond_signal(&v->wake);
         }
-        if (v->n_dirty > DIRTY_MAX) {
+        if (v->n_dirty > (space_low(v->store) ? DIRTY_LOW_SPACE : DIRTY_MAX)) {
                 int failed;
 
                 r = data_flush_all(v, ino, &failed);

@@ -80,6 +80,9 @@ typedef struct DirtyBlock {
 #define FLUSH_BATCH 64
 /* Past this many dirty blocks (64 MiB), writes flush them before commit. */
 #define DIRTY_MAX 1024
+/* And past this many (1 MiB) while space is low: what other processes
+ * hold in memory cannot be seen, only what they have stored. */
+#define DIRTY_LOW_SPACE 16
 /* Past this many more dirty blocks (4 MiB) since the last look, the
  * committer stores whole ones ahead of the commit, those left alone for
  * FLUSH_AHEAD_AGE_USEC: a block rewritten more often than that is stored

@@ -179,6 +179,7 @@ def run():
 
         test_filled_by_others(store, fs)
         test_temporary_files(store, fs)
+        test_unsynced_writers(store, fs)
         subprocess.run(['sync'])
 
 
@@ -250,6 +251,53 @@ def test_filled_by_others(store, fs):
         t.check_bytes(t.read_file(m.p('unsynced')), unsynced, 'the file fsync\'d on the full disk, remounted')
     store.fsck()
 
+
+
+def test_unsynced_writers(store, fs):
+    """Two mounts of two subvolumes, written at once without fsync until
+    write() fails: neither process sees what the other holds in memory, yet
+    everything write() accepted commits, and reads back after a remount."""
+    files, errors = [{}, {}], [None, None]
+
+    def writer(i, root):
+        for n in range(100000):
+            seed = 1000 * (i + 1) + n
+            try:
+                with open(os.path.join(root, f'f{n}'), 'wb') as f:
+                    f.write(t.random_bytes(60 * KiB, seed))
+            except OSError as e:
+                errors[i] = e
+                return
+            files[i][f'f{n}'] = seed
+
+    for i in range(2):
+        store.create(f'unsynced{i}')
+    with store.mount('unsynced0') as a, store.mount('unsynced1') as b:
+        threads = [threading.Thread(target=writer, args=(i, m.path)) for i, m in enumerate((a, b))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=300)
+        for i, m in enumerate((a, b)):
+            t.check(files[i], f'writer {i} wrote nothing')
+            t.check(errors[i] and errors[i].errno == errno.ENOSPC, f'writer {i} stopped with {errors[i]}, not ENOSPC')
+            try:
+                t.fsync_dir(m.path)
+                for name in files[i]:
+                    fd = os.open(m.p(name), os.O_RDONLY)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            except OSError as e:
+                t.fail(f'mount {i}: a commit of what write() accepted failed: {e}')
+    for i in range(2):
+        with store.mount(f'unsynced{i}', readonly=True) as m:
+            for name, seed in sorted(files[i].items()):
+                t.check_bytes(t.read_file(m.p(name)), t.random_bytes(60 * KiB, seed), f'unsynced{i}/{name}')
+        store.delete(f'unsynced{i}', reap=False)
+    store.reap()
+    store.fsck()
 
 
 def test_temporary_files(store, fs):
