@@ -75,6 +75,8 @@ static int reserve_adjust(int dir_fd, uint64_t free_bytes, uint64_t total_bytes)
         return 0;
 }
 
+/* What anyone may write: root's share of the free blocks is not counted,
+ * nor (ext4) those kept for its own metadata, which nobody may write. */
 static int statvfs_bytes(int dir_fd, uint64_t *ret_free, uint64_t *ret_total) {
         struct statvfs sv;
 
@@ -137,8 +139,15 @@ bool space_low(Store *s) {
 int space_check(Store *s, uint64_t bytes, SpaceUse use) {
         MUTEX_LOCKED(&s->space.lock);
 
-        if (use == SPACE_CLEANUP)
-                return 0;
+        /* Removing a name of a layer below adds a row that hides it: on a
+         * disk another program filled, cleaning up stops at a floor, kept
+         * for the commit of what it did and for the store's own deletes
+         * and reaps, which free space whatever the layers hold. */
+        if (use == SPACE_CLEANUP) {
+                if (space_is_low(s))
+                        space_refresh(s);
+                return s->space.free_bytes >= space_reserve_of(s->space.total_bytes) / 4 ? 0 : -ENOSPC;
+        }
         if (space_is_low(s) || now_usec() - s->space.checked_usec > SPACE_CHECK_INTERVAL_USEC)
                 space_refresh(s);
         if (space_fits(s, bytes, use))

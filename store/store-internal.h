@@ -400,7 +400,7 @@ int pack_record_decode(Store *s, ZSTD_DCtx *dctx, const void *record, size_t rec
 typedef enum SpaceUse {
         SPACE_DATA,             /* file contents: must leave the whole margin */
         SPACE_METADATA,         /* new names, xattrs: may use half of it */
-        SPACE_CLEANUP,          /* unlink, truncate, delete: always allowed */
+        SPACE_CLEANUP,          /* unlink, truncate, delete: allowed down to a floor */
 } SpaceUse;
 
 /* -ENOSPC if bytes more would eat into the margin kept for use. */

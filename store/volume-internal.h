@@ -252,6 +252,7 @@ struct timespec timestamp_to_timespec(int64_t ns);
 
 /* -EDQUOT if growing the subvolume by bytes would pass its limit. */
 int volume_check_quota(Volume *v, uint64_t bytes);
+void volume_commit_if_short(Volume *v);
 
 /* ---- volume-data.c ---- */
 int data_truncate(Volume *v, InodeRow *row, uint64_t size);

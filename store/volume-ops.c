@@ -392,8 +392,14 @@ static int remove_name_change(Volume *v, uint64_t parent, const char *name, bool
                 return r == -ENAMETOOLONG ? r : -EINVAL;
 
         MUTEX_LOCKED(&v->lock);
+        r = space_check(v->store, 0, SPACE_CLEANUP);
+        if (r < 0)
+                return r;
         r = top_change_begin(v, &change);
-        return top_change_end(v, &change, r ?: remove_name(v, parent, name, want_dir));
+        r = top_change_end(v, &change, r ?: remove_name(v, parent, name, want_dir));
+        if (r >= 0)
+                volume_commit_if_short(v);
+        return r;
 }
 
 int volume_unlink(Volume *v, uint64_t parent, const char *name) {

@@ -507,6 +507,19 @@ void volume_mark_changed(Volume *v) {
         v->changed = true;
 }
 
+/* While space is low, removals commit every so many changes: the rows they
+ * add (whiteouts over the layers below) reach the disk, where the next
+ * check of the space sees them, instead of piling up in memory for a
+ * commit that no longer fits. */
+#define SHORT_COMMIT_CHANGES 256
+
+void volume_commit_if_short(Volume *v) {
+        if (!v->in_transaction || !v->changed || !space_low(v->store) ||
+            sqlite3_total_changes64(v->layers[0].db) - v->changes_at_begin < SHORT_COMMIT_CHANGES)
+                return;
+        (void) volume_commit_locked(v, 0);
+}
+
 /* Commits what changed. Data that does not fit on the disk stays in memory
  * and is tried again at the next commit; the metadata commits regardless.
  * Returns the data error for must_ino's blocks (every block if 0). */

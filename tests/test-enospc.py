@@ -33,7 +33,9 @@ def make_small_fs(store):
     image = os.path.join(store.tmp, 'fs.img')
     with open(image, 'wb') as f:
         f.truncate(FS_SIZE)
-    t.run_command(['mkfs.ext4', '-q', '-F', image])
+    # No blocks kept for root: what another program (root) fills is all
+    # there is, as on a disk of users' files.
+    t.run_command(['mkfs.ext4', '-q', '-F', '-m', '0', image])
     fs = store.new_dir('fs')
     r = t.run_command(['mount', '-o', 'loop', image, fs], expect=None)
     if r.code != 0:
@@ -180,6 +182,7 @@ def run():
         test_filled_by_others(store, fs)
         test_temporary_files(store, fs)
         test_unsynced_writers(store, fs)
+        test_remove_on_full_disk(store, fs)
         subprocess.run(['sync'])
 
 
@@ -296,6 +299,49 @@ def test_unsynced_writers(store, fs):
             for name, seed in sorted(files[i].items()):
                 t.check_bytes(t.read_file(m.p(name)), t.random_bytes(60 * KiB, seed), f'unsynced{i}/{name}')
         store.delete(f'unsynced{i}', reap=False)
+    store.reap()
+    store.fsck()
+
+
+def test_remove_on_full_disk(store, fs):
+    """rm -rf of a tree of a layer below, on a disk another program filled:
+    each removal adds a row that hides the name below. Removals go on
+    while the reserve allows, then fail with ENOSPC, never EIO; each one
+    that succeeded stays done after a remount; the store checks clean, and
+    deletes and reaps."""
+    store.create('names')
+    long = 'n' * 200
+    paths = []
+    with store.mount('names') as m:
+        for d in range(16):
+            os.mkdir(m.p(f'd{d}'))
+            for i in range(1000):
+                paths.append(f'd{d}/{long}{i}')
+                open(m.p(paths[-1]), 'wb').close()
+    store.snapshot('names', 'names-snap', readonly=True)
+    filler = t.fill_file_system(fs)
+    try:
+        failed = set()
+        with store.mount('names') as m:
+            for path in paths:
+                try:
+                    os.unlink(m.p(path))
+                except OSError as e:
+                    t.check_equal(errno.errorcode.get(e.errno), 'ENOSPC', f'unlink of {path[:20]}...: the error')
+                    failed.add(path)
+            t.fsync_dir(m.path)
+        print(f'{len(paths) - len(failed)} of {len(paths)} names removed on the full disk', flush=True)
+        t.check(len(failed) < len(paths), 'no name could be removed with the reserve given back')
+        with store.mount('names', readonly=True) as m:
+            left = {os.path.join(d, n) for d in os.listdir(m.path) for n in os.listdir(m.p(d))}
+        t.check_equal(len(left), len(failed), 'names left after a remount')
+        t.check(left == failed, 'the names left are those whose removal failed')
+        store.fsck()
+        store.delete('names', reap=False)
+        store.delete('names-snap', reap=False)
+        store.run('reap', '--wait')
+    finally:
+        os.unlink(filler)
     store.reap()
     store.fsck()
 
