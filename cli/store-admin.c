@@ -356,19 +356,14 @@ static const Field reaper_settings_fields[] = {
 };
 
 /* --pause, --resume and --rate change what every reaper does, and print it. */
-static int reaper_configure(Tool *tool, Store *store, int pause, const char *rate) {
+static int reaper_configure(Tool *tool, Store *store, int pause, const char *rate, uint64_t bytes) {
         StoreReaperSettings settings;
-        uint64_t bytes;
         int r = 0;
 
         if (pause >= 0)
                 r = store_reaper_set_paused(store, pause);
-        if (r >= 0 && rate) {
-                if (parse_size(rate, &bytes) < 0)
-                        return report_failure("'%s' is not a rate: give bytes per second, optionally with K, M, "
-                                              "G or T (powers of 1024), or 'none'", rate);
+        if (r >= 0 && rate)
                 r = store_reaper_set_rate(store, bytes);
-        }
         if (r >= 0)
                 r = store_reaper_settings(store, &settings);
         if (r < 0)
@@ -393,6 +388,7 @@ static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         _cleanup_store_ Store *store = NULL;
         StoreReapStats stats = {};
         const char *rate = NULL;
+        uint64_t rate_bytes = 0;
         pid_t holder = 0;
         bool wait = false, progress_shown = false;
         int c, r, pause = -1;
@@ -403,13 +399,17 @@ static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                         wait = true;
                         break;
                 case ARG_PAUSE:
-                        pause = 1;
-                        break;
                 case ARG_RESUME:
-                        pause = 0;
+                        if (pause >= 0 && pause != (c == ARG_PAUSE))
+                                return report_usage_error(cmd, "--pause and --resume contradict each other");
+                        pause = c == ARG_PAUSE;
                         break;
                 case ARG_RATE:
                         rate = optarg;
+                        if (parse_size(rate, &rate_bytes) < 0)
+                                return report_usage_error(cmd, "'%s' is not a rate: give bytes per second, "
+                                                          "optionally with K, M, G or T (powers of 1024), or "
+                                                          "'none'", rate);
                         break;
                 }
         if (c < 0)
@@ -417,12 +417,14 @@ static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         r = command_check_arguments(cmd, argc, argv, 0, 0);
         if (r != 0)
                 return r;
+        if (wait && (pause >= 0 || rate))
+                return report_usage_error(cmd, "--wait reaps; --pause, --resume and --rate only change settings");
 
         r = tool_open_store(tool, &store);
         if (r != 0)
                 return r;
         if (pause >= 0 || rate)
-                return reaper_configure(tool, store, pause, rate);
+                return reaper_configure(tool, store, pause, rate, rate_bytes);
 
         r = store_reap(store, wait, progress_wanted() ? on_reap_progress : NULL, &progress_shown, &stats, &holder);
         if (progress_shown)

@@ -158,10 +158,17 @@ static int verb_run(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                                 return report_usage_error(cmd, "--user takes UID or UID:GID, not '%s'", optarg);
                         break;
                 case ARG_ALLOW_SYSCALL:
+                        if (!sandbox_syscall_refused(optarg))
+                                return report_usage_error(cmd, "'%s' is not a system call the sandbox refuses: "
+                                                          "only those can be let through (see the README)",
+                                                          optarg);
                         if (add_to_list(allow, &n_allow, optarg) < 0)
                                 return report_usage_error(cmd, "too many --allow-syscall");
                         break;
                 case ARG_KEEP_CAP:
+                        if (!sandbox_capability_known(optarg))
+                                return report_usage_error(cmd, "'%s' is not a capability: give its name as "
+                                                          "capabilities(7) does, such as CAP_NET_ADMIN", optarg);
                         if (add_to_list(caps, &n_caps, optarg) < 0)
                                 return report_usage_error(cmd, "too many --keep-capability");
                         break;

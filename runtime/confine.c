@@ -73,6 +73,20 @@ static const unsigned long namespace_flags[] = {
         CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWCGROUP,
 };
 
+bool sandbox_capability_known(const char *name) {
+        for (size_t i = 0; i < sizeof capabilities / sizeof capabilities[0]; i++)
+                if (streq(capabilities[i].name, name))
+                        return true;
+        return false;
+}
+
+bool sandbox_syscall_refused(const char *name) {
+        for (size_t i = 0; i < sizeof refused_syscalls / sizeof refused_syscalls[0]; i++)
+                if (streq(refused_syscalls[i], name))
+                        return true;
+        return false;
+}
+
 static bool in_list(char *const *list, const char *name) {
         for (char *const *p = list; p && *p; p++)
                 if (streq(*p, name))

@@ -114,3 +114,8 @@ int runtime_enter_cgroup(const char *name, const SandboxLimits *limits, const ch
  * negative errno if the sandbox could not be made; error_text then says
  * what went wrong. */
 int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *error_text, size_t error_size);
+
+/* Whether name is a capability a task can keep (CAP_NET_ADMIN), and a
+ * system call the sandbox refuses unless let through. */
+bool sandbox_capability_known(const char *name);
+bool sandbox_syscall_refused(const char *name);

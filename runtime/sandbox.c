@@ -715,6 +715,16 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                          "not '/'");
                 return -EINVAL;
         }
+        for (char *const *p = opts->keep_capabilities; p && *p; p++)
+                if (!sandbox_capability_known(*p)) {
+                        snprintf(error_text, error_size, "'%s' is not a capability a task can keep", *p);
+                        return -EINVAL;
+                }
+        for (char *const *p = opts->allow_syscalls; p && *p; p++)
+                if (!sandbox_syscall_refused(*p)) {
+                        snprintf(error_text, error_size, "'%s' is not a system call the sandbox refuses", *p);
+                        return -EINVAL;
+                }
         if (opts->userns_base > 0 && opts->userns_size == 0) {
                 snprintf(error_text, error_size, "a user namespace needs at least one ID to map");
                 return -EINVAL;

@@ -154,6 +154,11 @@ def test_misuse(store):
     # No IDs to map would be no user namespace: the task would run as root.
     r = store.run('run', '--user-namespace', '100000:0', 'alpha', '--', 'true', expect=2)
     check_mentions(r, 'SIZE above 0', 'run --user-namespace BASE:0')
+    # A name that is no capability, or no refused call, would widen nothing.
+    for option, name in (('--keep-capability', 'cap_net_admin'), ('--keep-capability', 'CAP_NET_ADMN'),
+                         ('--allow-syscall', 'no_such_call'), ('--allow-syscall', 'read')):
+        r = store.run('run', option, name, 'alpha', '--', 'true', expect=2)
+        check_mentions(r, name, f'run {option} {name}')
     r = store.run('mount', 'no-such-subvolume', store.new_dir('mnt'), expect='fail')
     check_mentions(r, 'no-such-subvolume', 'mount of a missing subvolume')
     # In the background the server reports it before it leaves, and the
@@ -240,6 +245,11 @@ def test_json(store):
 def test_maintenance(store):
     store.run('reap')
     store.reap()
+    # A bad setting is a usage error that changes nothing, the others with it.
+    for args in (['--pause', '--rate', 'fast'], ['--rate', '-1'], ['--pause', '--resume'], ['--wait', '--pause']):
+        store.run('reap', *args, expect=2)
+    t.check_equal(store.json('reap', '--rate', 'none'), {'paused': False, 'rate_bytes_per_sec': 0, 'hurried': False},
+                  'reaper settings after the bad ones')
     store.run('scrub')
     store.fsck()
     store.fsck(repair=True)
