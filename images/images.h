@@ -25,6 +25,7 @@
  * failure in an ImageError where they take one.
  */
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -35,7 +36,7 @@
 typedef struct ImageError {
         bool has_offset;
         uint64_t offset;
-        char message[512];
+        char message[PATH_MAX + 512];  /* a path, and why */
 } ImageError;
 
 typedef struct ImageProgress {

@@ -63,6 +63,10 @@ def cases(outside):
     yield 'directory into itself', simple_stream(body=[
         command('mkdir', ('path', 'a'), ('ino', 5)), command('mkdir', ('path', 'a/b'), ('ino', 6)),
         command('rename', ('path', 'a'), ('path_to', 'a/b/c'))]), 'into itself'
+    deep = '/'.join(f'{i}' * 250 for i in range(8))
+    yield 'why, after a long path', simple_stream(body=[
+        command('mkdir', ('path', deep[:250 * (i + 1) + i]), ('ino', 5 + i)) for i in range(7)] + [
+        mkfile(deep), mkfile(deep)]), 'File exists'
     yield 'NUL in a path', simple_stream(body=[mkfile('a\0b')]), 'NUL'
     yield 'missing parent image', header() + command(
         'snapshot', ('path', 'inc'), ('uuid', UUID), ('ctransid', 2), ('clone_uuid', b'\x99' * 16),
