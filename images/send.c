@@ -587,20 +587,34 @@ static int send_data(Sender *sd, const char *path, uint64_t ino, const struct st
                 return 0;
         }
 
-        for (size_t i = 0; i < n; i++) {
-                const VolumeExtent *e = &extents[i];
+        /* Both lists hold blocks with data only, in order: a block of the
+         * parent's that the file no longer has is a hole now (bytes past
+         * the old size read as zeros already, those past the new one are
+         * cut off). A small parent's bytes lie in the first block. */
+        if (parent_ino && old_small && parent_st->st_size > 0 && (n == 0 || extents[0].offset > 0)) {
+                r = send_hole(sd, path, 0, MIN((uint64_t) parent_st->st_size, MIN(size, VOLUME_BLOCK_SIZE)));
+                if (r < 0)
+                        return r;
+                *ret_changed = true;
+        }
+        for (size_t i = 0, j = 0; i <= n; i++) {
+                const VolumeExtent *e = i < n ? &extents[i] : NULL;
+                const VolumeExtent *o = NULL;
 
-                if (parent_ino && !old_small && i < n_old && extent_equal(e, &old[i]))
-                        continue;
-                if (e->hole) {
-                        /* Fresh bytes past the old size read as zeros already. */
-                        if (parent_ino && e->offset < (uint64_t) parent_st->st_size) {
-                                r = send_hole(sd, path, e->offset, e->length);
-                                if (r < 0)
-                                        return r;
-                        }
-                        continue;
+                for (; parent_ino && !old_small && j < n_old && (!e || old[j].offset < e->offset); j++) {
+                        if (old[j].offset >= size)
+                                continue;
+                        r = send_hole(sd, path, old[j].offset, MIN((uint64_t) old[j].length, size - old[j].offset));
+                        if (r < 0)
+                                return r;
+                        *ret_changed = true;
                 }
+                if (!e)
+                        break;
+                if (parent_ino && !old_small && j < n_old && old[j].offset == e->offset)
+                        o = &old[j++];
+                if (o && extent_equal(e, o))
+                        continue;
                 r = send_block(sd, path, ino, e, size, parent_ino,
                                parent_ino && !old_small ? (uint64_t) parent_st->st_size : 0);
                 if (r < 0)
@@ -608,8 +622,8 @@ static int send_data(Sender *sd, const char *path, uint64_t ino, const struct st
                 *ret_changed = true;
         }
 
-        /* A trailing hole: the size says it. */
-        if (!parent_ino && n > 0 && extents[n - 1].hole) {
+        /* Trailing holes: the size says them. */
+        if (!parent_ino && (n == 0 || extents[n - 1].offset + extents[n - 1].length < size)) {
                 r = emit_truncate(sd, path, size);
                 if (r < 0)
                         return fail(sd, r, path, "send the size");

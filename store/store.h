@@ -456,8 +456,9 @@ typedef struct VolumeExtent {
         uint8_t digest[16];
 } VolumeExtent;
 
-/* The blocks of a regular file up to its size, in order; a file small
- * enough to live inline has none (-ENODATA). */
+/* The blocks of a regular file that hold data, below its size, in order
+ * of offset: the rest of the file is holes. A file small enough to live
+ * inline has none (-ENODATA). */
 int volume_file_extents(Volume *v, uint64_t ino, VolumeExtent **ret, size_t *ret_n);
 
 /* The zstd frame that stores a block, as it is in the pack, verified: 0 and

@@ -15,6 +15,8 @@
 #include <linux/falloc.h>
 #include <string.h>
 
+#include "alloc-util.h"
+#include "sqlite-util.h"
 #include "time-util.h"
 #include "volume-internal.h"
 
@@ -1177,10 +1179,65 @@ int volume_clone_range(Volume *dst, uint64_t dst_ino, uint64_t dst_offset,
         return 0;
 }
 
+/* The block indexes below n_blocks that may hold data: the dirty ones, and
+ * those that any layer has a row of; the rest of the file is holes. Sorted,
+ * each once. */
+static int data_candidate_blocks(Volume *v, uint64_t ino, uint64_t n_blocks, uint64_t **ret, size_t *ret_n) {
+        _cleanup_free_ uint64_t *idx = NULL;
+        size_t n = 0, allocated = 0, kept = 0;
+        int r = 0;
+
+        if (n_blocks <= DIRTY_LOOKUP_BLOCKS) {
+                for (uint64_t i = 0; v->n_dirty > 0 && i < n_blocks; i++)
+                        if (dirty_find(v, ino, i)) {
+                                if (!GREEDY_REALLOC(idx, allocated, n + 1))
+                                        return -ENOMEM;
+                                idx[n++] = i;
+                        }
+        } else
+                for (size_t h = 0; v->n_dirty > 0 && h < DIRTY_BUCKETS; h++)
+                        for (DirtyBlock *b = v->dirty[h]; b; b = b->next)
+                                if (b->ino == ino && b->idx < n_blocks) {
+                                        if (!GREEDY_REALLOC(idx, allocated, n + 1))
+                                                return -ENOMEM;
+                                        idx[n++] = b->idx;
+                                }
+        for (size_t l = 0; r >= 0 && l < v->n_layers; l++) {
+                sqlite3_stmt *st = v->layers[l].list_extents;
+
+                if (!layer_may_have(&v->layers[l], ino))
+                        continue;
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
+                while ((r = sqlite_step_row(st)) > 0) {
+                        uint64_t i = (uint64_t) sqlite3_column_int64(st, 0);
+
+                        if (i >= n_blocks)
+                                break;  /* in order: the rest lie past the end too */
+                        if (!GREEDY_REALLOC(idx, allocated, n + 1)) {
+                                r = -ENOMEM;
+                                break;
+                        }
+                        idx[n++] = i;
+                }
+                sqlite3_reset(st);
+        }
+        if (r < 0)
+                return r;
+        if (n > 0)
+                qsort(idx, n, sizeof *idx, u64_compare);
+        for (size_t i = 0; i < n; i++)
+                if (kept == 0 || idx[kept - 1] != idx[i])
+                        idx[kept++] = idx[i];
+        *ret = TAKE_PTR(idx);
+        *ret_n = kept;
+        return 0;
+}
+
 int volume_file_extents(Volume *v, uint64_t ino, VolumeExtent **ret, size_t *ret_n) {
         _cleanup_(inode_row_clear) InodeRow row = {};
         _cleanup_free_ VolumeExtent *extents = NULL;
-        uint64_t n;
+        _cleanup_free_ uint64_t *candidates = NULL;
+        size_t n_candidates = 0, n = 0;
         int r;
 
         MUTEX_LOCKED(&v->lock);
@@ -1192,12 +1249,16 @@ int volume_file_extents(Volume *v, uint64_t ino, VolumeExtent **ret, size_t *ret
         if (row.has_data)
                 return -ENODATA;
 
-        n = DIV_ROUND_UP(row.size, STORE_BLOCK_SIZE);
-        extents = calloc(MAX(n, 1u), sizeof *extents);
+        /* A sparse file of terabytes lists its few blocks, not its size. */
+        r = data_candidate_blocks(v, ino, DIV_ROUND_UP(row.size, STORE_BLOCK_SIZE), &candidates, &n_candidates);
+        if (r < 0)
+                return r;
+        extents = calloc(MAX(n_candidates, 1u), sizeof *extents);
         if (!extents)
                 return -ENOMEM;
-        for (uint64_t idx = 0; idx < n; idx++) {
-                VolumeExtent *e = &extents[idx];
+        for (size_t i = 0; i < n_candidates; i++) {
+                uint64_t idx = candidates[i];
+                VolumeExtent *e = &extents[n];
                 Digest d;
                 uint32_t len;
                 bool hole;
@@ -1206,22 +1267,23 @@ int volume_file_extents(Volume *v, uint64_t ino, VolumeExtent **ret, size_t *ret
                 e->length = (uint32_t) MIN((uint64_t) STORE_BLOCK_SIZE, row.size - e->offset);
                 if (dirty_find(v, ino, idx)) {
                         e->unsettled = true;
+                        n++;
                         continue;
                 }
                 r = extent_get(v, &row, idx, &d, &len, &hole);
                 if (r < 0)
                         return r;
-                e->hole = hole;
-                if (!hole) {
-                        memcpy(e->digest, d.bytes, sizeof e->digest);
-                        /* Bytes past the stored length read as zeros: a
-                         * different content than the block's alone. */
-                        if (len < e->length)
-                                e->unsettled = true;
-                }
+                if (hole)
+                        continue;       /* a row that says so, or one cut off above */
+                memcpy(e->digest, d.bytes, sizeof e->digest);
+                /* Bytes past the stored length read as zeros: a
+                 * different content than the block's alone. */
+                if (len < e->length)
+                        e->unsettled = true;
+                n++;
         }
         *ret = TAKE_PTR(extents);
-        *ret_n = (size_t) n;
+        *ret_n = n;
         return 0;
 }
 

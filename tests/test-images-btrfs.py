@@ -60,6 +60,45 @@ def check_dump(path):
         t.fail(f'btrfs receive --dump printed no subvolume for {path}:\n{r.out[-2000:]}')
 
 
+def check_sparse(store, fs, out):
+    """A file of 64 TiB with 4 KiB of data at 1 TiB is sent as its blocks,
+    not its size; an increment that punches a block out of a file and cuts
+    the large one to 32 TiB sends the hole and the size. btrfs receives
+    both alike."""
+    big, block = 64 << 40, 64 * t.KiB
+    dense = t.random_bytes(3 * block, 5)
+    store.create('sparse')
+    with store.mount('sparse') as m:
+        with open(m.p('big'), 'wb') as f:
+            f.truncate(big)
+            os.pwrite(f.fileno(), b'x' * 4096, 1 << 40)
+        t.write_file(m.p('dense'), dense)
+    store.snapshot('sparse', 's1', readonly=True)
+    with store.mount('sparse') as m:
+        os.truncate(m.p('big'), big // 2)
+        fd = os.open(m.p('dense'), os.O_RDWR)
+        try:
+            t.fallocate(fd, t.FALLOC_FL_PUNCH_HOLE | t.FALLOC_FL_KEEP_SIZE, block, block)
+        finally:
+            os.close(fd)
+    store.snapshot('sparse', 's2', readonly=True)
+    dest = os.path.join(fs, 'recv-sparse')
+    os.mkdir(dest)
+    for name, parent in (('s1', None), ('s2', 's1')):
+        store.run('send', *(['-p', parent] if parent else []), '-f', out(f'{name}.sparse'), name)
+        t.check(os.path.getsize(out(f'{name}.sparse')) < 1 << 20, f'the stream of {name}: '
+                f'{os.path.getsize(out(f"{name}.sparse"))} bytes')
+        st.btrfs('receive', '-f', out(f'{name}.sparse'), dest)
+    for name, size, punched in (('s1', big, False), ('s2', big // 2, True)):
+        root = os.path.join(dest, name)
+        t.check_equal(os.stat(os.path.join(root, 'big')).st_size, size, f'{name}/big: its size in btrfs')
+        with open(os.path.join(root, 'big'), 'rb') as f:
+            t.check_equal(os.pread(f.fileno(), 8192, (1 << 40) - 4096), bytes(4096) + b'x' * 4096,
+                          f'{name}/big: around its data at 1 TiB, in btrfs')
+        want = dense[:block] + bytes(block) + dense[2 * block:] if punched else dense
+        t.check_bytes(t.read_file(os.path.join(root, 'dense')), want, f'{name}/dense in btrfs')
+
+
 def run():
     t.require_fuse()
     with t.Store('images-btrfs') as store, st.btrfs_loop(store) as fs:
@@ -160,6 +199,8 @@ def run():
             other.run('receive', '-f', out('rt1'), 'back1')
             other.run('receive', '-f', out('rt2'), 'back2')
             compare_image(other, 'back2', refs['v2'])
+
+        check_sparse(store, fs, out)
 
         # The incremental stream carries the change, not the tree.
         full = os.path.getsize(out('v1.p1'))
