@@ -131,8 +131,13 @@ def reap_counts_what_it_frees():
     blocks of deleted subvolumes, and those a writer stored but never
     indexed (killed between the two), in a pack no index names."""
     with t.Store('reaper-count') as store:
-        def store_bytes():
-            return sum(t.disk_usage(os.path.join(store.path, d)) for d in ('packs', 'layers'))
+        def check_reap(what):
+            before = sum(t.disk_usage(os.path.join(store.path, d)) for d in ('packs', 'layers'))
+            freed = store.json('reap', '--wait')['bytes_freed']
+            gone = before - sum(t.disk_usage(os.path.join(store.path, d)) for d in ('packs', 'layers'))
+            t.check(gone >= DATA, f'the reap gave back {gone} bytes of {what}')
+            t.check(abs(freed - gone) <= gone // 10,
+                    f'{what}: the reap said it freed {freed} bytes; the store gave back {gone}')
 
         store.create('killed')
         m = store.mount('killed')
@@ -147,19 +152,11 @@ def reap_counts_what_it_frees():
         db.commit()
         db.close()
         store.delete('killed', reap=False)
-        before = store_bytes()
-        freed = store.json('reap', '--wait')['bytes_freed']
-        gone = before - store_bytes()
-        t.check(gone >= DATA, f'the reap gave back {gone} bytes of a pack no index names')
-        t.check(abs(freed - gone) <= gone // 10, f'the reap said it freed {freed} bytes; the store gave back {gone}')
+        check_reap('a pack no index names')
 
         fill(store, 'dead', 5)
         store.delete('dead', reap=False)
-        before = store_bytes()
-        freed = store.json('reap', '--wait')['bytes_freed']
-        gone = before - store_bytes()
-        t.check(gone >= DATA, f'the reap gave back {gone} bytes of a deleted subvolume')
-        t.check(abs(freed - gone) <= gone // 10, f'the reap said it freed {freed} bytes; the store gave back {gone}')
+        check_reap('a deleted subvolume')
 
 
 def run():
