@@ -687,6 +687,10 @@ static int verb_fsck(Tool *tool, const Command *cmd, int argc, char *argv[]) {
 
         r = store_fsck(store, summary.repair, on_problem, progress_wanted() ? on_fsck_progress : NULL, &report);
         fsck_progress_clear(&report);
+        if (r == -EBUSY && summary.repair)
+                return report_failure("fsck --repair of %s: a subvolume is mounted, and repairs change layers "
+                                      "that nobody may serve meanwhile; unmount it (see MOUNTED BY in '"
+                                      PROGRAM_NAME " subvolume list') and try again", store_path(store));
         if (r < 0)
                 return report_failure("fsck of %s stopped: %s", store_path(store), error_text(r));
 

@@ -295,6 +295,8 @@ def test_read_only_mounts(store):
             store.reap()
             t.check_bytes(t.read_file(J(a.path, 'f')), b'kept', f'{name} read after a refused delete and a reap')
             if name == 'ro-src':
+                r = store.run('fsck', '--repair', expect=1)
+                t.check('a subvolume is mounted' in r.err, f'fsck --repair under a mount:\n{r.describe()}')
                 store.mount(name).mount(expect='fail')
                 store.snapshot(name, 'ro-src-snap')
                 t.check_equal(store.show(name)['mounted_by'] in (a.pid, b.pid), True,
