@@ -19,12 +19,31 @@
 
 #define PATH_DEPTH_MAX 4096
 
-/* The layers of a subvolume's stack, opened for reading, with the lookups
- * every entry of a large layer may need prepared once. */
+/* Frozen layers opened once for all the stacks that share them (fsck walks
+ * every subvolume, and the snapshots of one share most of its stack); up
+ * to a bound, each a file descriptor. */
+#define LAYER_POOL_MAX 512
+
+typedef struct LayerPool {
+        uint64_t ids[LAYER_POOL_MAX];
+        sqlite3 *dbs[LAYER_POOL_MAX];   /* NULL: the layer has no database */
+        size_t n;
+} LayerPool;
+
+static void layer_pool_done(LayerPool *pool) {
+        for (size_t i = 0; i < pool->n; i++)
+                if (pool->dbs[i])
+                        sqlite3_close_v2(pool->dbs[i]);
+        pool->n = 0;
+}
+
+/* The layers of a subvolume's stack, opened for reading; the lookups that
+ * reports need are prepared on their first use. */
 typedef struct Stack {
         char *subvolume;
         uint64_t *ids;
         sqlite3 **dbs;          /* NULL entries: layers without a database */
+        bool *pooled;           /* dbs the pool owns */
         sqlite3_stmt **get_dentry;
         sqlite3_stmt **get_inode;
         size_t n;
@@ -36,18 +55,43 @@ static void stack_done(Stack *st) {
                         sqlite3_finalize(st->get_dentry[i]);
                 if (st->get_inode)
                         sqlite3_finalize(st->get_inode[i]);
-                if (st->dbs[i])
+                if (st->dbs && st->dbs[i] && !(st->pooled && st->pooled[i]))
                         sqlite3_close_v2(st->dbs[i]);
         }
         free(st->get_dentry);
         free(st->get_inode);
+        free(st->pooled);
         free(st->dbs);
         free(st->ids);
         free(st->subvolume);
         *st = (Stack) {};
 }
 
-static int stack_open(Store *s, const SubvolumeRecord *rec, Stack *ret) {
+/* A frozen layer from the pool, opened there if it has room: 1 if pooled
+ * (*ret may be NULL: no database), 0 if the caller is to open it. */
+static int layer_pool_get(Store *s, LayerPool *pool, uint64_t id, sqlite3 **ret) {
+        int r;
+
+        if (!pool)
+                return 0;
+        for (size_t i = 0; i < pool->n; i++)
+                if (pool->ids[i] == id) {
+                        *ret = pool->dbs[i];
+                        return 1;
+                }
+        if (pool->n == LAYER_POOL_MAX)
+                return 0;
+        r = layer_open(s, id, LAYER_READ_FROZEN, &pool->dbs[pool->n]);
+        if (r == -ENOENT)
+                pool->dbs[pool->n] = NULL;
+        else if (r < 0)
+                return r;
+        pool->ids[pool->n] = id;
+        *ret = pool->dbs[pool->n++];
+        return 1;
+}
+
+static int stack_open(Store *s, const SubvolumeRecord *rec, LayerPool *pool, Stack *ret) {
         int r;
 
         *ret = (Stack) {};
@@ -58,28 +102,38 @@ static int stack_open(Store *s, const SubvolumeRecord *rec, Stack *ret) {
         if (r < 0)
                 return r;
         ret->dbs = calloc(ret->n, sizeof *ret->dbs);
+        ret->pooled = calloc(ret->n, sizeof *ret->pooled);
         ret->get_dentry = calloc(ret->n, sizeof *ret->get_dentry);
         ret->get_inode = calloc(ret->n, sizeof *ret->get_inode);
-        if (!ret->dbs || !ret->get_dentry || !ret->get_inode)
+        if (!ret->dbs || !ret->pooled || !ret->get_dentry || !ret->get_inode)
                 return -ENOMEM;
         for (size_t i = 0; i < ret->n; i++) {
                 /* Frozen layers never change: read without locks. */
                 bool frozen = i > 0 || rec->readonly;
 
+                if (frozen) {
+                        r = layer_pool_get(s, pool, ret->ids[i], &ret->dbs[i]);
+                        if (r < 0)
+                                return r;
+                        ret->pooled[i] = r > 0;
+                        if (r > 0)
+                                continue;
+                }
                 r = layer_open(s, ret->ids[i], frozen ? LAYER_READ_FROZEN : LAYER_READ, &ret->dbs[i]);
                 if (r == -ENOENT)
                         continue;
                 if (r < 0)
                         return r;
-                r = sqlite_prepare(ret->dbs[i], "SELECT ino FROM dentries WHERE parent = ?1 AND name = ?2",
-                                   &ret->get_dentry[i]);
-                if (r < 0)
-                        return r;
-                r = sqlite_prepare(ret->dbs[i], "SELECT 1 FROM inodes WHERE ino = ?1", &ret->get_inode[i]);
-                if (r < 0)
-                        return r;
         }
         return 0;
+}
+
+/* A lookup of layer i, prepared on its first use; NULL without a database,
+ * or if it cannot be prepared (taken as no row). */
+static sqlite3_stmt *stack_lookup(const Stack *st, sqlite3_stmt **stmts, size_t i, const char *sql) {
+        if (!stmts[i] && st->dbs[i])
+                (void) sqlite_prepare(st->dbs[i], sql, &stmts[i]);
+        return stmts[i];
 }
 
 /* A walk with a query an entry reads each layer in one transaction: in
@@ -150,7 +204,8 @@ static int lookup_step(sqlite3_stmt *q, uint64_t *ret) {
 static int stack_dentry(const Stack *st, uint64_t parent, const void *name, int name_len, uint64_t *ret) {
         *ret = 0;
         for (size_t i = 0; i < st->n; i++) {
-                sqlite3_stmt *q = st->get_dentry[i];
+                sqlite3_stmt *q = stack_lookup(st, st->get_dentry, i,
+                                               "SELECT ino FROM dentries WHERE parent = ?1 AND name = ?2");
                 int r;
 
                 if (!q)
@@ -228,7 +283,7 @@ static int for_each_stack(Store *s, stack_fn fn, void *userdata) {
                 if (r >= 0) {
                         _cleanup_(stack_done) Stack st = {};
 
-                        r = stack_open(s, &recs[i], &st);
+                        r = stack_open(s, &recs[i], NULL, &st);
                         if (r >= 0)
                                 r = fn(s, &st, userdata);
                 }
@@ -318,12 +373,13 @@ static int stack_upper_count(const Stack *st, size_t layer, const char *sql) {
 /* Whether a layer above the given one has a row for ino (which hides it). */
 static int stack_row_hidden(const Stack *st, size_t layer, uint64_t ino) {
         for (size_t i = 0; i < layer; i++) {
+                sqlite3_stmt *q = stack_lookup(st, st->get_inode, i, "SELECT 1 FROM inodes WHERE ino = ?1");
                 int r;
 
-                if (!st->get_inode[i])
+                if (!q)
                         continue;
-                sqlite3_bind_int64(st->get_inode[i], 1, (sqlite3_int64) ino);
-                r = lookup_step(st->get_inode[i], NULL);
+                sqlite3_bind_int64(q, 1, (sqlite3_int64) ino);
+                r = lookup_step(q, NULL);
                 if (r != 0)
                         return r;
         }
@@ -772,12 +828,14 @@ typedef struct Fsck {
          * still empty holds the same tree, and is not walked again. */
         StackLayers *clean;
         size_t n_clean, allocated_clean;
+        LayerPool pool;
 } Fsck;
 
 static void fsck_done(Fsck *f) {
         for (size_t i = 0; i < f->n_clean; i++)
                 free(f->clean[i].ids);
         free(f->clean);
+        layer_pool_done(&f->pool);
 }
 
 static void fsck_advance(Fsck *f, uint64_t bytes) {
@@ -1240,7 +1298,7 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec, uint64_t bytes) 
         size_t databases = 0;
         int r, unrepaired = f->unrepaired;
 
-        r = stack_open(f->store, rec, &st);
+        r = stack_open(f->store, rec, &f->pool, &st);
         if (r == -EUCLEAN) {
                 problem(f, false, "subvolume '%s': its layer stack is broken", rec->name);
                 return 0;
