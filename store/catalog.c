@@ -611,8 +611,9 @@ int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder) {
         fd = openat(s->locks_fd, name, O_RDONLY | O_CLOEXEC);
         if (fd < 0)
                 return errno == ENOENT ? 0 : -errno;
-        /* Exclusive, for read-only servers share it. */
-        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+        /* Shared: an exclusive probe could make a read-only server that
+         * starts meanwhile fail. Read-only servers are not seen. */
+        if (flock(fd, LOCK_SH | LOCK_NB) < 0) {
                 if (errno != EWOULDBLOCK)
                         return -errno;
                 if (read_pid_file(s->locks_fd, name, ret_holder) < 0)

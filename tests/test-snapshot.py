@@ -270,6 +270,8 @@ def test_single_writer(store):
         r = store.run('subvolume', 'delete', 'held', expect='fail')
         t.check(str(pid) in r.err, f'the refused delete does not name pid {pid}:\n{r.describe()}')
         t.check('held' in store.names(), 'a refused delete removed the subvolume')
+        r = store.run('fsck', '--repair', expect=1)
+        t.check('a subvolume is mounted' in r.err, f'fsck --repair under a mount:\n{r.describe()}')
         t.write_file(J(m.path, 'still-works'), b'yes')
     t.check_equal(store.show('held')['mounted_by'], 0, 'mounted_by after unmount')
     with store.mount('held') as m:
@@ -279,28 +281,23 @@ def test_single_writer(store):
 
 def test_read_only_mounts(store):
     """Read-only mounts of an image, or of a writable subvolume, are shared,
-    show as mounted, and keep the subvolume from being deleted (a reap would
-    take its layers from under them) or mounted writable; a snapshot of the
-    writable one is still taken."""
+    and keep the subvolume from being deleted (a reap would take its layers
+    from under them) or mounted writable; a snapshot of the writable one is
+    still taken."""
     store.create('ro-src')
     with store.mount('ro-src') as m:
         t.write_file(J(m.path, 'f'), b'kept', fsync=True)
     store.snapshot('ro-src', 'ro-img', readonly=True)
     for name in ('ro-img', 'ro-src'):
         with store.mount(name, readonly=True) as a, store.mount(name, readonly=True) as b:
-            t.check(store.show(name)['mounted_by'] in (a.pid, b.pid), f'{name}: mounted_by {store.show(name)}')
             r = store.run('subvolume', 'delete', name, expect='fail')
             t.check(str(b.pid) in r.err or str(a.pid) in r.err, f'the refused delete of {name} names no holder:'
                     f'\n{r.describe()}')
             store.reap()
             t.check_bytes(t.read_file(J(a.path, 'f')), b'kept', f'{name} read after a refused delete and a reap')
             if name == 'ro-src':
-                r = store.run('fsck', '--repair', expect=1)
-                t.check('a subvolume is mounted' in r.err, f'fsck --repair under a mount:\n{r.describe()}')
                 store.mount(name).mount(expect='fail')
                 store.snapshot(name, 'ro-src-snap')
-                t.check_equal(store.show(name)['mounted_by'] in (a.pid, b.pid), True,
-                              'mounted_by after a snapshot')
     with store.mount('ro-src-snap', readonly=True) as m:
         t.check_bytes(t.read_file(J(m.path, 'f')), b'kept', 'the snapshot taken under read-only mounts')
     for name in ('ro-src-snap', 'ro-img', 'ro-src'):
