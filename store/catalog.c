@@ -17,6 +17,7 @@
 #include "process-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
+#include "string-util.h"
 
 /* Columns added after the first format: what a send stream says of an
  * image (the sender's UUID and transaction id) and the subvolume's own
@@ -602,6 +603,34 @@ int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, SubvolumeLockFlag
         return TAKE_FD(fd);
 }
 
+/* Another process that holds the lock of fd shared (a read-only server),
+ * as the kernel lists flock() locks: found without taking the lock, which
+ * would make one that starts meanwhile fail. Matched by inode (a file
+ * system's device number in the list may not be the one stat() gives). */
+static pid_t shared_lock_holder(int fd) {
+        _cleanup_fclose_ FILE *f = NULL;
+        _cleanup_free_ char *line = NULL;
+        size_t size = 0;
+        struct stat st;
+
+        if (fstat(fd, &st) < 0)
+                return 0;
+        f = fopen("/proc/locks", "re");
+        if (!f)
+                return 0;
+        while (getline(&line, &size, f) > 0) {
+                unsigned long long ino;
+                char mode[8];
+                int pid;
+
+                /* "1: FLOCK  ADVISORY  READ  1234 fe:01:5678 0 EOF"; waiters have "->". */
+                if (sscanf(line, "%*d: FLOCK %*s %7s %d %*x:%*x:%llu", mode, &pid, &ino) == 3 &&
+                    streq(mode, "READ") && ino == (unsigned long long) st.st_ino && pid > 0 && pid != getpid())
+                        return pid;
+        }
+        return 0;
+}
+
 int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder) {
         _cleanup_close_ int fd = -EBADF;
         char name[32];
@@ -612,7 +641,7 @@ int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder) {
         if (fd < 0)
                 return errno == ENOENT ? 0 : -errno;
         /* Shared: an exclusive probe could make a read-only server that
-         * starts meanwhile fail. Read-only servers are not seen. */
+         * starts meanwhile fail. Those are looked for in the kernel's list. */
         if (flock(fd, LOCK_SH | LOCK_NB) < 0) {
                 if (errno != EWOULDBLOCK)
                         return -errno;
@@ -620,7 +649,9 @@ int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder) {
                         *ret_holder = 0;
                 return 1;
         }
-        return 0;
+        (void) flock(fd, LOCK_UN);
+        *ret_holder = shared_lock_holder(fd);
+        return *ret_holder > 0;
 }
 
 /* Whether a row of table (layers, subvolumes) has this id: 1, 0, or a

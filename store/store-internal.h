@@ -180,8 +180,8 @@ typedef enum SubvolumeLockFlags {
 
 int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, SubvolumeLockFlags flags, pid_t *ret_holder);
 
-/* 1 and the holder's pid if a process has the subvolume mounted writable,
- * or holds it for a moment. */
+/* 1 and the holder's pid if a process has the subvolume mounted, or holds
+ * it for a moment. */
 int subvolume_lock_holder(Store *s, uint64_t id, pid_t *ret_holder);
 int subvolume_locks_prune(Store *s);
 int catalog_id_known(Store *s, const char *table, uint64_t id);

@@ -281,15 +281,18 @@ def test_single_writer(store):
 
 def test_read_only_mounts(store):
     """Read-only mounts of an image, or of a writable subvolume, are shared,
-    and keep the subvolume from being deleted (a reap would take its layers
-    from under them) or mounted writable; a snapshot of the writable one is
-    still taken."""
+    show as mounted, and keep the subvolume from being deleted (a reap would
+    take its layers from under them), mounted writable or repaired; a
+    snapshot of the writable one is still taken."""
     store.create('ro-src')
     with store.mount('ro-src') as m:
         t.write_file(J(m.path, 'f'), b'kept', fsync=True)
     store.snapshot('ro-src', 'ro-img', readonly=True)
     for name in ('ro-img', 'ro-src'):
         with store.mount(name, readonly=True) as a, store.mount(name, readonly=True) as b:
+            t.check(store.show(name)['mounted_by'] in (a.pid, b.pid), f'{name}: mounted_by {store.show(name)}')
+            r = store.run('fsck', '--repair', expect=1)
+            t.check('a subvolume is mounted' in r.err, f'fsck --repair under read-only mounts:\n{r.describe()}')
             r = store.run('subvolume', 'delete', name, expect='fail')
             t.check(str(b.pid) in r.err or str(a.pid) in r.err, f'the refused delete of {name} names no holder:'
                     f'\n{r.describe()}')
