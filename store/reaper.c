@@ -521,19 +521,18 @@ static int remove_empty_packs(Store *s, StoreReapStats *stats) {
         for (size_t i = 0; i < n; i++) {
                 _cleanup_close_ int fd = -EBADF;
                 _cleanup_stmt_ sqlite3_stmt *del = NULL;
+                struct stat st = {};
                 char name[32];
-
-                struct stat st;
 
                 snprintf(name, sizeof name, "%" PRIu64 ".pack", ids[i]);
                 fd = openat(s->packs_fd, name, O_RDWR | O_CLOEXEC);
                 if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) < 0)
                         continue; /* a writer appends to it */
                 /* Its dead blocks, and what a writer stored and never indexed. */
-                if (fd >= 0 && fstat(fd, &st) >= 0 && unlinkat(s->packs_fd, name, 0) >= 0)
+                if (fd >= 0)
+                        (void) fstat(fd, &st);
+                if (unlinkat(s->packs_fd, name, 0) >= 0)
                         stats->bytes_freed += (uint64_t) st.st_blocks * 512;
-                else
-                        (void) unlinkat(s->packs_fd, name, 0);
 
                 CATALOG_LOCKED(s);
                 r = sqlite_prepare(s->catalog, "DELETE FROM packs WHERE id = ?1", &del);

@@ -952,6 +952,41 @@ static void counted_settle(CountedBlocks *c) {
         c->n_sorted = c->n;
 }
 
+/* Calls fn with the index of each dirty block of ino below n_blocks: a
+ * small file's blocks are looked up, a large one's found among all dirty
+ * blocks. */
+typedef int (*dirty_block_fn)(uint64_t idx, void *userdata);
+
+static int dirty_blocks_foreach(Volume *v, uint64_t ino, uint64_t n_blocks, dirty_block_fn fn, void *userdata) {
+        int r;
+
+        if (v->n_dirty == 0)
+                return 0;
+        if (n_blocks <= DIRTY_LOOKUP_BLOCKS) {
+                for (uint64_t idx = 0; idx < n_blocks; idx++)
+                        if (dirty_find(v, ino, idx) && (r = fn(idx, userdata)) < 0)
+                                return r;
+                return 0;
+        }
+        for (size_t h = 0; h < DIRTY_BUCKETS; h++)
+                for (DirtyBlock *b = v->dirty[h]; b; b = b->next)
+                        if (b->ino == ino && b->idx < n_blocks && (r = fn(b->idx, userdata)) < 0)
+                                return r;
+        return 0;
+}
+
+typedef struct DirtyCount {
+        CountedBlocks *counted;
+        uint64_t n;
+} DirtyCount;
+
+static int count_dirty_block(uint64_t idx, void *userdata) {
+        DirtyCount *c = userdata;
+
+        c->n++;
+        return counted_add(c->counted, idx);
+}
+
 uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
         uint64_t n_blocks, total = 0, limit = LOWER_LIMIT_NONE;
         CountedBlocks counted;
@@ -963,22 +998,12 @@ uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
         if (n_blocks == 0)
                 return 0;
         r = counted_init(&counted, n_blocks);
+        if (r >= 0) {
+                DirtyCount dirty = { .counted = &counted };
 
-        /* A small file's blocks are looked up; a large one's found among
-         * all dirty blocks. */
-        if (n_blocks <= DIRTY_LOOKUP_BLOCKS) {
-                for (uint64_t idx = 0; r >= 0 && v->n_dirty > 0 && idx < n_blocks; idx++)
-                        if (dirty_find(v, row->ino, idx)) {
-                                r = counted_add(&counted, idx);
-                                total += STORE_BLOCK_SIZE;
-                        }
-        } else
-                for (size_t h = 0; r >= 0 && h < DIRTY_BUCKETS; h++)
-                        for (DirtyBlock *b = v->dirty[h]; r >= 0 && b; b = b->next)
-                                if (b->ino == row->ino && b->idx < n_blocks) {
-                                        r = counted_add(&counted, b->idx);
-                                        total += STORE_BLOCK_SIZE;
-                                }
+                r = dirty_blocks_foreach(v, row->ino, n_blocks, count_dirty_block, &dirty);
+                total += dirty.n * STORE_BLOCK_SIZE;
+        }
         counted_settle(&counted);
 
         for (size_t i = 0; r >= 0 && i < v->n_layers && limit > 0; i++) {
@@ -1182,26 +1207,27 @@ int volume_clone_range(Volume *dst, uint64_t dst_ino, uint64_t dst_offset,
 /* The block indexes below n_blocks that may hold data: the dirty ones, and
  * those that any layer has a row of; the rest of the file is holes. Sorted,
  * each once. */
+typedef struct BlockList {
+        uint64_t *idx;
+        size_t n, allocated;
+} BlockList;
+
+static int block_list_add(uint64_t idx, void *userdata) {
+        BlockList *l = userdata;
+
+        if (!GREEDY_REALLOC(l->idx, l->allocated, l->n + 1))
+                return -ENOMEM;
+        l->idx[l->n++] = idx;
+        return 0;
+}
+
 static int data_candidate_blocks(Volume *v, uint64_t ino, uint64_t n_blocks, uint64_t **ret, size_t *ret_n) {
         _cleanup_free_ uint64_t *idx = NULL;
-        size_t n = 0, allocated = 0, kept = 0;
-        int r = 0;
+        BlockList list = {};
+        size_t n, kept = 0;
+        int r;
 
-        if (n_blocks <= DIRTY_LOOKUP_BLOCKS) {
-                for (uint64_t i = 0; v->n_dirty > 0 && i < n_blocks; i++)
-                        if (dirty_find(v, ino, i)) {
-                                if (!GREEDY_REALLOC(idx, allocated, n + 1))
-                                        return -ENOMEM;
-                                idx[n++] = i;
-                        }
-        } else
-                for (size_t h = 0; v->n_dirty > 0 && h < DIRTY_BUCKETS; h++)
-                        for (DirtyBlock *b = v->dirty[h]; b; b = b->next)
-                                if (b->ino == ino && b->idx < n_blocks) {
-                                        if (!GREEDY_REALLOC(idx, allocated, n + 1))
-                                                return -ENOMEM;
-                                        idx[n++] = b->idx;
-                                }
+        r = dirty_blocks_foreach(v, ino, n_blocks, block_list_add, &list);
         for (size_t l = 0; r >= 0 && l < v->n_layers; l++) {
                 sqlite3_stmt *st = v->layers[l].list_extents;
 
@@ -1213,14 +1239,14 @@ static int data_candidate_blocks(Volume *v, uint64_t ino, uint64_t n_blocks, uin
 
                         if (i >= n_blocks)
                                 break;  /* in order: the rest lie past the end too */
-                        if (!GREEDY_REALLOC(idx, allocated, n + 1)) {
-                                r = -ENOMEM;
+                        r = block_list_add(i, &list);
+                        if (r < 0)
                                 break;
-                        }
-                        idx[n++] = i;
                 }
                 sqlite3_reset(st);
         }
+        idx = list.idx;
+        n = list.n;
         if (r < 0)
                 return r;
         if (n > 0)
