@@ -348,7 +348,7 @@ static int collect_parent_blocks(Sender *sd, const char *path, uint64_t ino) {
                 if (r < 0)
                         return r;
                 for (size_t k = 0; k < n; k++) {
-                        if (extents[k].hole || extents[k].unsettled)
+                        if (extents[k].unsettled)
                                 continue;
                         r = keymap_add(&sd->parent_blocks, extents[k].digest, child, extents[k].offset,
                                        (uint64_t) st.st_size);
@@ -504,8 +504,6 @@ sent:
 static bool extent_equal(const VolumeExtent *a, const VolumeExtent *b) {
         if (a->unsettled || b->unsettled)
                 return false;
-        if (a->hole || b->hole)
-                return a->hole && b->hole;
         return a->length == b->length && memcmp(a->digest, b->digest, sizeof a->digest) == 0;
 }
 

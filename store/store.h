@@ -451,7 +451,6 @@ int volume_clone_range(Volume *dst, uint64_t dst_ino, uint64_t dst_offset,
 typedef struct VolumeExtent {
         uint64_t offset;        /* a multiple of VOLUME_BLOCK_SIZE */
         uint32_t length;        /* bytes of the file in it */
-        bool hole;              /* reads as zeros; no digest */
         bool unsettled;         /* changed in memory, no digest yet */
         uint8_t digest[16];
 } VolumeExtent;

@@ -596,7 +596,7 @@ static size_t settled_blocks(Volume *v, uint64_t ino) {
 
         CHECK_OK(volume_file_extents(v, ino, &extents, &n));
         for (size_t i = 0; i < n; i++)
-                settled += !extents[i].unsettled && !extents[i].hole;
+                settled += !extents[i].unsettled;
         return settled;
 }
 
