@@ -12,6 +12,12 @@ static inline bool startswith(const char *s, const char *prefix) {
         return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
+static inline bool endswith(const char *s, const char *suffix) {
+        size_t n = strlen(s), k = strlen(suffix);
+
+        return n >= k && memcmp(s + n - k, suffix, k) == 0;
+}
+
 /* "." or "..", the names no directory entry may take. */
 static inline bool streq_dot(const char *s) {
         return s[0] == '.' && (s[1] == 0 || (s[1] == '.' && s[2] == 0));

@@ -12,6 +12,7 @@
 #include "cleanup.h"
 #include "images.h"
 #include "manager.h"
+#include "runtime.h"
 
 int manager_new(const char *store_path, Manager **ret) {
         Manager *m;
@@ -61,10 +62,20 @@ void manager_reap_soon(Manager *m) {
         (void) manager_start_reap(m, NULL);
 }
 
+/* Removes what receives and sandboxes killed with -9 left; whether any
+ * subvolume was deleted. */
+static bool remove_stale(Manager *m) {
+        int receives = image_remove_stale_receives(m->store);
+        int sandboxes = sandbox_remove_stale(m->store);
+
+        return receives > 0 || sandboxes > 0;
+}
+
 void manager_recover(Manager *m) {
         StoreSpace space;
 
-        if (image_remove_stale_receives(m->store) > 0 ||
+        task_remove_stale_outputs(m->store_path);
+        if (remove_stale(m) ||
             (store_space(m->store, &space) >= 0 && space.reclaimable_bytes > 0))
                 manager_reap_soon(m);
 }
@@ -164,7 +175,7 @@ static void watch_space(Manager *m) {
 
         if (m->recover_ticks > 0) {
                 m->recover_ticks--;
-                if (image_remove_stale_receives(m->store) > 0)
+                if (remove_stale(m))
                         manager_reap_soon(m);
         }
 

@@ -161,6 +161,8 @@ int reply_job(sd_bus_message *message, Manager *m, int r, Job *j, sd_bus_error *
 int task_check(const char *source, char **argv, const char *options, json_t **ret_opts, sd_bus_error *error);
 int task_start(Manager *m, const char *source, char *const *argv, json_t *opts, bool in_source, Job **ret);
 int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error);
+/* Removes the files of tasks' output whose workers were killed. */
+void task_remove_stale_outputs(const char *store_path);
 
 /* Sandboxes with a life of their own (sandbox-dbus.c). */
 int manager_load_sandboxes(Manager *m);

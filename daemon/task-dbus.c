@@ -3,6 +3,8 @@
 /* RunTask: a task in a sandbox made from a new writable snapshot, as a
  * job; its output and its report are the job's result. */
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -17,6 +19,7 @@
 #include "cleanup.h"
 #include "manager.h"
 #include "runtime.h"
+#include "string-util.h"
 
 #define _cleanup_json_ _cleanup_(json_decrefp)
 #define ARGS_MAX 256
@@ -73,17 +76,44 @@ static json_t *read_output(int fd) {
         return v ? v : json_string("");
 }
 
+/* The worker's PID is in the name: a worker killed before it removed the
+ * file is known by it. */
+#define OUTPUT_PREFIX "output-"
+
 static int temp_output(const char *store_path, char **ret_path) {
         _cleanup_free_ char *dir = NULL;
         int fd;
 
         if (asprintf(&dir, "%s-sandboxes", store_path) < 0 ||
-            asprintf(ret_path, "%s/output-XXXXXX", dir) < 0)
+            asprintf(ret_path, "%s/" OUTPUT_PREFIX "%d-XXXXXX", dir, (int) getpid()) < 0)
                 return -ENOMEM;
         if (mkdir(dir, 0755) < 0 && errno != EEXIST)
                 return -errno;
         fd = mkostemp(*ret_path, O_CLOEXEC);
         return fd < 0 ? -errno : fd;
+}
+
+void task_remove_stale_outputs(const char *store_path) {
+        _cleanup_free_ char *path = NULL;
+        _cleanup_closedir_ DIR *dir = NULL;
+        struct dirent *de;
+
+        if (asprintf(&path, "%s-sandboxes", store_path) < 0)
+                return;
+        dir = opendir(path);
+        while (dir && (de = readdir(dir))) {
+                const char *p = de->d_name + strlen(OUTPUT_PREFIX);
+                char *end;
+                long pid;
+
+                if (!startswith(de->d_name, OUTPUT_PREFIX) || !isdigit((unsigned char) *p))
+                        continue;
+                pid = strtol(p, &end, 10);
+                if (*end != '-' || strlen(end + 1) != 6 || pid <= 0 || pid > INT_MAX)
+                        continue;
+                if (kill((pid_t) pid, 0) < 0 && errno == ESRCH)
+                        (void) unlinkat(dirfd(dir), de->d_name, 0);
+        }
 }
 
 static json_t *run_work(Store *s, void *userdata, int *ret_error, char **ret_error_text,

@@ -453,15 +453,19 @@ static void kill_all(const char *dir) {
         }
 }
 
+void cgroup_remove_path(const char *path) {
+        if (file_exists(path, "cgroup.kill"))
+                (void) write_file(path, "cgroup.kill", "1");
+        kill_all(path);
+        for (unsigned i = 0; i < 100 && rmdir(path) < 0 && errno == EBUSY; i++)
+                (void) usleep(10000);
+}
+
 void cgroup_destroy(Cgroup *cg) {
         for (unsigned c = 0; c < _CG_MAX; c++) {
                 if (!cg->path[c])
                         continue;
-                if (c == CG_UNIFIED && file_exists(cg->path[c], "cgroup.kill"))
-                        (void) write_file(cg->path[c], "cgroup.kill", "1");
-                kill_all(cg->path[c]);
-                for (unsigned i = 0; i < 100 && rmdir(cg->path[c]) < 0 && errno == EBUSY; i++)
-                        (void) usleep(10000);
+                cgroup_remove_path(cg->path[c]);
                 free(cg->path[c]);
                 cg->path[c] = NULL;
         }

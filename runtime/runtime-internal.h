@@ -40,6 +40,8 @@ int cgroup_attach(const Cgroup *cg, pid_t pid);
 void cgroup_collect(const Cgroup *cg, dev_t dev, SandboxResult *ret);
 /* Kills every process left and removes the cgroups. */
 void cgroup_destroy(Cgroup *cg);
+/* The same for one cgroup directory. */
+void cgroup_remove_path(const char *path);
 
 /* The whole disk under path (a partition's disk): the device I/O limits
  * name. */
@@ -48,3 +50,19 @@ dev_t block_device_of(const char *path);
 /* In the task, last thing before exec: capabilities, no_new_privs, the
  * seccomp filter. */
 int confine_task(const SandboxOptions *opts);
+
+/* The record of what a run made, removed last (leftovers.c). */
+typedef struct RunRecord {
+        int fd;
+        char *path;
+} RunRecord;
+
+/* Makes the record of the run of sandbox name, with this process as its
+ * owner: -EEXIST if one of that name is there. */
+int run_record_create(const char *sandboxes_dir, const char *name, RunRecord *ret);
+/* Adds "key value": what the run made and must be removed if it dies. */
+int run_record_add(RunRecord *rec, const char *key, const char *value);
+/* At the end of the run; or only closed, when what it names is left for
+ * the next run to remove. */
+void run_record_remove(RunRecord *rec);
+void run_record_close(RunRecord *rec);

@@ -115,6 +115,12 @@ int runtime_enter_cgroup(const char *name, const SandboxLimits *limits, const ch
  * what went wrong. */
 int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *error_text, size_t error_size);
 
+/* Removes what the runs of dead runners left behind (killed with -9, or
+ * before a reboot): their snapshots, cgroups, directories and mounts.
+ * sandbox_run() calls it first. Returns the number of snapshots deleted
+ * (for a reaper to free), or a negative errno. */
+int sandbox_remove_stale(Store *s);
+
 /* Whether name is a capability a task can keep (CAP_NET_ADMIN), and a
  * system call the sandbox refuses unless let through. */
 bool sandbox_capability_known(const char *name);

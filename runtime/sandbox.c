@@ -559,8 +559,8 @@ void sandbox_result_clear(SandboxResult *r) {
         *r = (SandboxResult) {};
 }
 
-static int run_task(Store *s, const SandboxOptions *opts, const char *name, SandboxResult *ret,
-                    char *error_text, size_t error_size) {
+static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunRecord *record,
+                    SandboxResult *ret, char *error_text, size_t error_size) {
         _cleanup_free_ char *sandboxes = NULL, *mountpoint = NULL, *staging = NULL;
         SandboxOptions named = *opts;
         Cgroup cg = {};
@@ -586,6 +586,11 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, Sand
                 snprintf(error_text, error_size, "cannot make the sandbox's cgroups: %s", strerror(-r));
                 goto finish;
         }
+        for (unsigned c = 0; c < _CG_MAX; c++)
+                if (cg.path[c] && (r = run_record_add(record, "cgroup", cg.path[c])) < 0) {
+                        snprintf(error_text, error_size, "cannot write the sandbox's record: %s", strerror(-r));
+                        goto finish;
+                }
         cgroup_apply(&cg, &opts->limits, dev);
 
         r = start_server(s, name, mountpoint, &cg, opts->userns_size ? opts->userns_base : 0, &server);
@@ -700,6 +705,8 @@ finish:
 
 int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *error_text, size_t error_size) {
         static unsigned counter;
+        _cleanup_free_ char *sandboxes = NULL;
+        _cleanup_(run_record_remove) RunRecord record = { .fd = -EBADF };
         char name[STORE_NAME_MAX + 1];
         int r, k;
 
@@ -744,6 +751,28 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                 return -EINVAL;
         }
 
+        /* What runners killed before they could clean up left behind. */
+        if (sandbox_remove_stale(s) > 0)
+                (void) store_reap_in_background(s);
+
+        if (asprintf(&sandboxes, "%s-sandboxes", store_path(s)) < 0)
+                return -ENOMEM;
+        if (mkdir(sandboxes, 0755) < 0 && errno != EEXIST) {
+                r = -errno;
+                snprintf(error_text, error_size, "cannot make %s: %m", sandboxes);
+                return r;
+        }
+        r = run_record_create(sandboxes, name, &record);
+        if (r == -EEXIST) {
+                snprintf(error_text, error_size, "a sandbox named '%s' is running", name);
+                return -EBUSY;
+        }
+        if (r < 0) {
+                snprintf(error_text, error_size, "cannot make the sandbox's record in %s: %s", sandboxes,
+                         strerror(-r));
+                return r;
+        }
+
         r = opts->in_source ? 0 : store_subvolume_snapshot(s, opts->source, name, false);
         if (r < 0) {
                 snprintf(error_text, error_size, "cannot snapshot '%s' as '%s': %s", opts->source, name,
@@ -751,8 +780,14 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                 return r;
         }
         ret->snapshot = strdup(name);
-
-        r = run_task(s, opts, name, ret, error_text, error_size);
+        /* A snapshot kept under a name the caller chose is theirs; one
+         * under a made-up name would be known to nobody. */
+        if (!opts->in_source && !(opts->keep && opts->name))
+                r = run_record_add(&record, "snapshot", name);
+        if (r >= 0)
+                r = run_task(s, opts, name, &record, ret, error_text, error_size);
+        else
+                snprintf(error_text, error_size, "cannot write the sandbox's record: %s", strerror(-r));
 
         /* A cancelled task was abandoned: nobody may be left to learn the
          * name of a snapshot kept for it. */
@@ -760,6 +795,9 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                 k = store_subvolume_delete(s, name, NULL);
                 if (k >= 0)
                         (void) store_reap_in_background(s);
+                else if (k != -ENOENT)
+                        /* The record stays: the next run deletes it. */
+                        run_record_close(&record);
         }
         return r;
 }

@@ -196,6 +196,26 @@ def run():
             d.wait_for('the killed daemon\'s task to leave nothing', lambda: no_sandboxes_left(store))
             t.check_equal(d.names(bus), ['checkout'], 'what the restarted daemon reports')
 
+            # kill -9 of the worker that runs a task (as the OOM killer
+            # would): the next start of the daemon removes what it left,
+            # its snapshot, cgroups and files of output.
+            client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
+                                      env=dict(os.environ, **bus.env), stderr=subprocess.DEVNULL)
+            d.wait_for('the task to start', lambda: any(n.startswith('sandbox-') for n in
+                                                      (s['name'] for s in store.list())))
+            time.sleep(1)
+            worker = [n for n in (s['name'] for s in store.list()) if n.startswith('sandbox-')][0].split('-')[1]
+            os.kill(int(worker), signal.SIGKILL)
+            client.wait(60)
+            left = sorted(os.listdir(store.path + '-sandboxes'))
+            t.check(any(e.startswith(f'output-{worker}-') for e in left) and f'sandbox-{worker}-0.run' in left,
+                    f'what a killed worker left: {left}')
+            daemon.stop()
+            daemon.start()
+            d.wait_for('the killed worker\'s task to leave nothing', lambda: no_sandboxes_left(store))
+            left = [e for e in os.listdir(store.path + '-sandboxes') if not e.startswith('.')]
+            t.check_equal(left, [], 'files of sandboxes after a restart')
+
             # Sandboxes with a life of their own: their snapshot stays theirs
             # between runs, a kill ends a run, a restart of the daemon
             # marks a run that died with it, and rm leaves nothing.

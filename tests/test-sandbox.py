@@ -12,9 +12,11 @@ sandbox's cgroup, so even cgroup v1 charges them). A memory limit ends a task wi
 fork bomb stops at the process limit, a time limit kills. Escapes fail:
 mount, module loading, ptrace, a new user namespace, chroot tricks, and
 writing to the host in the workdir shape. 20 tasks run at once on 20
-snapshots, each sees only its own changes, and all space comes back."""
+snapshots, each sees only its own changes, and all space comes back. What
+a runner killed with -9 left is removed by the next run."""
 
 import concurrent.futures
+import glob
 import json
 import os
 import shutil
@@ -197,15 +199,30 @@ def check_escapes(store):
     t.check_equal(os.listdir(target), [], 'the directory a working tree\'s symbolic link points to')
 
 
-def check_caller_killed(store):
-    """kill -9 of cowbox-store run: the task dies with it (PID namespace)
-    and so does the server of its snapshot, leaving no mount behind."""
+def sandbox_cgroups(name):
+    """The cgroup directories of the sandbox name, in every hierarchy."""
+    found = set()
+    with open('/proc/self/cgroup') as f:
+        for line in f:
+            own = line.rstrip('\n').split(':', 2)[2]
+            for top in ['/sys/fs/cgroup'] + glob.glob('/sys/fs/cgroup/*'):
+                path = os.path.normpath(f'{top}/{own}/cowbox/{name}')
+                if os.path.isdir(path):
+                    found.add(path)
+    return sorted(found)
+
+
+def start_killed_run(store, *args):
+    """Starts cowbox-store run ARGS of a task that sleeps, and kills it with
+    -9 once the task's snapshot is mounted: the task dies with it (PID
+    namespace), and so does the server of its snapshot. Returns the
+    process and the mounts left."""
     base = store.path + '-sandboxes/'
 
     def mounts():
         return [m for m in t.mount_table() if m.startswith(base)]
 
-    p = subprocess.Popen([t.tool(), '--store', store.path, 'run', 'img', '--', '/probe', 'sleep', '60'],
+    p = subprocess.Popen([t.tool(), '--store', store.path, 'run', *args, 'img', '--', '/probe', 'sleep', '60'],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while not mounts() and time.monotonic() < deadline:
@@ -217,13 +234,33 @@ def check_caller_killed(store):
     deadline = time.monotonic() + 15
     while mounts() and time.monotonic() < deadline:
         time.sleep(0.1)
-    t.check_equal(mounts(), [], 'mounts of a task whose caller was killed')
-    # Its snapshot stays, for a look at what the task left: it is named
-    # after the killed process, and deleted by hand.
-    left = [n for n in store.names() if n.startswith(f'sandbox-{p.pid}-')]
-    t.check_equal(len(left), 1, 'the snapshot of a task whose caller was killed')
-    for name in left:
-        store.delete(name)
+    return p, mounts()
+
+
+def check_caller_killed(store):
+    """kill -9 of cowbox-store run leaves no mount and no task behind; the
+    next run removes the rest: the snapshot (unless it was kept under a
+    name of the caller's), the cgroups and the run's record."""
+    base = store.path + '-sandboxes/'
+    p, left_mounts = start_killed_run(store)
+    t.check_equal(left_mounts, [], 'mounts of a task whose caller was killed')
+    name = [n for n in store.names() if n.startswith(f'sandbox-{p.pid}-')]
+    t.check_equal(len(name), 1, 'the snapshot of a task whose caller was killed, before the next run')
+    name = name[0]
+    t.check(sandbox_cgroups(name), f'cgroups of {name} before the next run')
+    t.check(os.path.exists(f'{base}{name}.run'), f'the record of {name} before the next run')
+
+    kept, _ = start_killed_run(store, '--keep', '--name', 'killed-kept')
+    t.check('killed-kept' in store.names(), 'a kept snapshot of a killed caller')
+
+    run(store, 'img', '--', '/probe', 'info')
+    t.check(name not in store.names(), f'{name} after the next run: {store.names()}')
+    t.check('killed-kept' in store.names(), 'a snapshot kept under a chosen name, after the next run')
+    for n in (name, 'killed-kept'):
+        t.check_equal(sandbox_cgroups(n), [], f'cgroups of {n} after the next run')
+        t.check_equal(sorted(e for e in os.listdir(base) if e.startswith(n)), [],
+                      f'what the run of {n} left in {base}')
+    store.delete('killed-kept')
 
 
 def reap_all(store):
