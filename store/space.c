@@ -136,6 +136,35 @@ bool space_low(Store *s) {
         return space_is_low(s);
 }
 
+/* Whether size bytes can be written now, asked of the file system: the
+ * blocks a file system keeps for root (ext4: 5% unless tune2fs said
+ * otherwise) are not in what statvfs() says anyone may write, and only the
+ * file system knows whether this process may write them and how many it
+ * keeps for itself. */
+static bool space_probe(int dir_fd, uint64_t size) {
+        _cleanup_close_ int fd = openat(dir_fd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+
+        return fd >= 0 && fallocate(fd, 0, 0, (off_t) size) >= 0;
+}
+
+static int space_check_cleanup(Store *s) {
+        uint64_t floor = space_reserve_of(s->space.total_bytes) / 4, now;
+
+        if (space_is_low(s))
+                space_refresh(s);
+        if (s->space.free_bytes >= floor)
+                return 0;
+        /* What everyone may write is gone; root's share may be left, on
+         * a disk that users filled. Asked at most so often: what cleaning
+         * up writes meanwhile is a few rows. */
+        now = now_usec();
+        if (now - s->space.probed_usec >= SPACE_CHECK_INTERVAL_USEC) {
+                s->space.probe_fits = space_probe(s->dir_fd, floor);
+                s->space.probed_usec = now;
+        }
+        return s->space.probe_fits ? 0 : -ENOSPC;
+}
+
 int space_check(Store *s, uint64_t bytes, SpaceUse use) {
         MUTEX_LOCKED(&s->space.lock);
 
@@ -143,11 +172,8 @@ int space_check(Store *s, uint64_t bytes, SpaceUse use) {
          * disk another program filled, cleaning up stops at a floor, kept
          * for the commit of what it did and for the store's own deletes
          * and reaps, which free space whatever the layers hold. */
-        if (use == SPACE_CLEANUP) {
-                if (space_is_low(s))
-                        space_refresh(s);
-                return s->space.free_bytes >= space_reserve_of(s->space.total_bytes) / 4 ? 0 : -ENOSPC;
-        }
+        if (use == SPACE_CLEANUP)
+                return space_check_cleanup(s);
         if (space_is_low(s) || now_usec() - s->space.checked_usec > SPACE_CHECK_INTERVAL_USEC)
                 space_refresh(s);
         if (space_fits(s, bytes, use))

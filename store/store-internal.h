@@ -60,6 +60,8 @@ typedef struct SpaceGuard {
         uint64_t total_bytes;
         uint64_t checked_usec;
         uint64_t held_bytes;    /* accepted by this process, not yet stored */
+        uint64_t probed_usec;   /* when cleaning up last asked the file system */
+        bool probe_fits;        /* and whether the floor fitted then */
 } SpaceGuard;
 
 struct Store {

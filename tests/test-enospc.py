@@ -8,10 +8,12 @@ unlinking and deleting work on the full disk; after a reap the space is back
 and writing works again, with no repair; fsck finds the store consistent.
 When another program fills the disk, the store gives back the reserve file
 it keeps for that, and still opens, deletes and reaps, and cuts a large
-file with SQLite's temporary directory on the full disk."""
+file with SQLite's temporary directory on the full disk; on a disk a user
+filled, the store (root) removes files with root's share of it."""
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -27,16 +29,16 @@ WRITERS = 3
 CHUNK = 256 * KiB
 
 
-def make_small_fs(store):
+def make_small_fs(store, name='fs', root_percent=0):
     t.require_root('mounts an ext4 file system on a loop file')
     t.require_program('mkfs.ext4')
-    image = os.path.join(store.tmp, 'fs.img')
+    image = os.path.join(store.tmp, f'{name}.img')
     with open(image, 'wb') as f:
         f.truncate(FS_SIZE)
-    # No blocks kept for root: what another program (root) fills is all
-    # there is, as on a disk of users' files.
-    t.run_command(['mkfs.ext4', '-q', '-F', '-m', '0', image])
-    fs = store.new_dir('fs')
+    # By default no blocks kept for root: what another program (root)
+    # fills is all there is, as on a disk of users' files.
+    t.run_command(['mkfs.ext4', '-q', '-F', '-m', str(root_percent), image])
+    fs = store.new_dir(name)
     r = t.run_command(['mount', '-o', 'loop', image, fs], expect=None)
     if r.code != 0:
         t.skip(f'cannot mount a loop file here: {r.err.strip()}')
@@ -184,6 +186,7 @@ def run():
         test_unsynced_writers(store, fs)
         test_remove_on_full_disk(store, fs)
         subprocess.run(['sync'])
+    test_filled_by_a_user()
 
 
 def test_filled_by_others(store, fs):
@@ -344,6 +347,65 @@ def test_remove_on_full_disk(store, fs):
         os.unlink(filler)
     store.reap()
     store.fsck()
+
+
+FILL_AS_USER = """
+import errno, os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+size = 4 << 20
+while size >= 4096:
+    try:
+        os.posix_fallocate(fd, os.fstat(fd).st_size, size)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        size //= 2
+os.fsync(fd)
+"""
+
+
+def test_filled_by_a_user():
+    """A user (not root) fills a disk that keeps blocks for root, also the
+    reserve file the store gave back: the store's server, root, removes
+    the names of a layer below with root's share of the disk, and the
+    store deletes and reaps."""
+    if not shutil.which('setpriv'):
+        print('SKIP: a disk a user filled: setpriv not found', flush=True)
+        return
+    with t.Store('enospc-user', init=False) as store:
+        fs = make_small_fs(store, 'user-fs', root_percent=10)
+        store.path = os.path.join(fs, 'store')
+        store.run('init')
+        store.create('names')
+        names = [f'{"n" * 200}{i}' for i in range(3000)]
+        with store.mount('names') as m:
+            for name in names:
+                open(m.p(name), 'wb').close()
+        store.snapshot('names', 'names-snap', readonly=True)
+        public = os.path.join(fs, 'public')
+        os.mkdir(public)
+        os.chmod(public, 0o1777)
+        filler = os.path.join(public, 'filler')
+        fill = ['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', sys.executable, '-c',
+                FILL_AS_USER, filler]
+        t.run_command(fill)
+        store.names()           # the store gives its reserve back
+        t.run_command(fill)     # and the user takes it
+        st = os.statvfs(fs)
+        t.check(st.f_bavail * st.f_frsize < MiB and st.f_bfree * st.f_frsize > 4 * MiB,
+                f'a disk a user filled: {st.f_bavail * st.f_frsize} bytes free for users, '
+                f'{st.f_bfree * st.f_frsize} for root')
+        with store.mount('names') as m:
+            for name in names:
+                os.unlink(m.p(name))
+            t.fsync_dir(m.path)
+        with store.mount('names', readonly=True) as m:
+            t.check_equal(os.listdir(m.path), [], 'names left after removing all on a disk a user filled')
+        store.delete('names', reap=False)
+        store.delete('names-snap', reap=False)
+        store.run('reap', '--wait')
+        store.fsck()
+        os.unlink(filler)
 
 
 def test_temporary_files(store, fs):
