@@ -8,16 +8,22 @@
  * written before the request is in the snapshot.
  *
  * The socket is abstract (no file to go stale after a crash), named after
- * the store's UUID and the subvolume's id; only root and the server's own
- * user may ask.
+ * the store's UUID and the subvolume's id. Anyone in the network namespace
+ * can connect, a sandbox's task with the host's network too: a request
+ * must come from root or the server's own user, and with a descriptor of
+ * the store's directory, which only those who may open the store have
+ * (a sandbox's task never sees it).
  *
- * Request: "snapshot <0|1 read-only> <name>\n". Reply: "<errno or 0>\n".
+ * Request: "snapshot <0|1 read-only> <name>\n", the store's directory
+ * passed with its first byte. Reply: "<errno or 0>\n".
  */
 
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -25,9 +31,13 @@
 #include "store-internal.h"
 
 #define REQUEST_MAX (STORE_NAME_MAX + 32)
+/* A peer that connects and says nothing must not stop the server's
+ * snapshots for long. */
+#define REQUEST_TIMEOUT_SEC 5
 
 struct ControlServer {
         struct Volume *volume;
+        int store_fd;
         int listen_fd;
         int stop_fd;
         pthread_t thread;
@@ -74,14 +84,55 @@ static int read_line(int fd, char *buf, size_t size) {
         return 0;
 }
 
+/* Receives the first byte of the request and the descriptor that comes
+ * with it: it must be of the store's directory. */
+static int receive_store_proof(ControlServer *c, int fd, char *ret_first) {
+        union {
+                struct cmsghdr header;
+                char buf[CMSG_SPACE(sizeof(int))];
+        } control = {};
+        struct iovec iov = { .iov_base = ret_first, .iov_len = 1 };
+        struct msghdr msg = {
+                .msg_iov = &iov,
+                .msg_iovlen = 1,
+                .msg_control = &control,
+                .msg_controllen = sizeof control,
+        };
+        struct cmsghdr *cmsg;
+        struct stat mine, theirs;
+        _cleanup_close_ int passed = -EBADF;
+        ssize_t n;
+
+        do
+                n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+        while (n < 0 && errno == EINTR);
+        if (n < 0)
+                return -errno;
+        cmsg = CMSG_FIRSTHDR(&msg);
+        if (cmsg && cmsg->cmsg_level == SOL_SOCKET && cmsg->cmsg_type == SCM_RIGHTS &&
+            cmsg->cmsg_len == CMSG_LEN(sizeof(int)))
+                memcpy(&passed, CMSG_DATA(cmsg), sizeof(int));
+        if (n != 1 || passed < 0 || (msg.msg_flags & MSG_CTRUNC))
+                return -EPERM;
+        if (fstat(passed, &theirs) < 0 || fstat(c->store_fd, &mine) < 0 || theirs.st_dev != mine.st_dev ||
+            theirs.st_ino != mine.st_ino)
+                return -EPERM;
+        return 0;
+}
+
 static int handle_request(ControlServer *c, int fd) {
+        struct timeval timeout = { .tv_sec = REQUEST_TIMEOUT_SEC };
         char buf[REQUEST_MAX + 1];
         const char *name;
         int r;
 
         if (!peer_is_trusted(fd))
                 return -EPERM;
-        r = read_line(fd, buf, sizeof buf);
+        (void) setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+        r = receive_store_proof(c, fd, buf);
+        if (r < 0)
+                return r;
+        r = read_line(fd, buf + 1, sizeof buf - 1);
         if (r < 0)
                 return r;
         if (strncmp(buf, "snapshot ", 9) != 0 || (buf[9] != '0' && buf[9] != '1') || buf[10] != ' ')
@@ -131,6 +182,7 @@ int control_server_start(struct Volume *v, Store *s, uint64_t subvolume_id, Cont
         if (!c)
                 return -ENOMEM;
         c->volume = v;
+        c->store_fd = s->dir_fd;
         c->stop_fd = eventfd(0, EFD_CLOEXEC);
         c->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (c->stop_fd < 0 || c->listen_fd < 0) {
@@ -168,6 +220,33 @@ ControlServer *control_server_stop(ControlServer *c) {
         return NULL;
 }
 
+/* Sends the request, with the store's directory passed with its first byte
+ * and the rest after. */
+static int send_with_store(Store *s, int fd, const char *text, size_t size) {
+        union {
+                struct cmsghdr header;
+                char buf[CMSG_SPACE(sizeof(int))];
+        } control = {};
+        struct iovec iov = { .iov_base = (void *) text, .iov_len = 1 };
+        struct msghdr msg = {
+                .msg_iov = &iov,
+                .msg_iovlen = 1,
+                .msg_control = &control,
+                .msg_controllen = sizeof control,
+        };
+        struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+
+        cmsg->cmsg_level = SOL_SOCKET;
+        cmsg->cmsg_type = SCM_RIGHTS;
+        cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cmsg), &s->dir_fd, sizeof(int));
+        if (sendmsg(fd, &msg, MSG_NOSIGNAL) != 1)
+                return -EIO;
+        if (send(fd, text + 1, size - 1, MSG_NOSIGNAL) != (ssize_t) (size - 1))
+                return -EIO;
+        return 0;
+}
+
 int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly) {
         _cleanup_close_ int fd = -EBADF;
         struct sockaddr_un sa;
@@ -184,8 +263,9 @@ int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, 
                 return errno == ECONNREFUSED || errno == ENOENT ? -EBUSY : -errno;
 
         n = snprintf(buf, sizeof buf, "snapshot %d %s\n", readonly ? 1 : 0, name);
-        if (write(fd, buf, (size_t) n) != n)
-                return -EIO;
+        r = send_with_store(s, fd, buf, (size_t) n);
+        if (r < 0)
+                return r;
         r = read_line(fd, buf, sizeof buf);
         if (r < 0)
                 return r == -EBADMSG ? -EIO : r;

@@ -9,6 +9,7 @@ unlinked while open."""
 
 import errno
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -146,6 +147,45 @@ def test_delete_shared(store, manifests):
     store.fsck()
 
 
+def control_sockets(pid):
+    """The abstract names of the sockets the process pid listens on."""
+    inodes = set()
+    for fd in os.listdir(f'/proc/{pid}/fd'):
+        try:
+            target = os.readlink(f'/proc/{pid}/fd/{fd}')
+        except OSError:
+            continue
+        if target.startswith('socket:['):
+            inodes.add(target[8:-1])
+    names = []
+    with open('/proc/net/unix') as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and fields[6] in inodes and fields[7].startswith('@cowbox/'):
+                names.append(fields[7][1:])
+    return names
+
+
+def check_control_socket(store, pid):
+    """The server's control socket takes snapshots only for those who may
+    open the store: root without a descriptor of the store's directory (a
+    sandbox's task on the host's network) is refused, and one that says
+    nothing does not hold up the snapshots of others."""
+    names = control_sockets(pid)
+    t.check_equal(len(names), 1, f'control sockets of the server: {names}')
+    silent = socket.socket(socket.AF_UNIX)
+    silent.connect('\0' + names[0])
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(30)
+            sock.connect('\0' + names[0])
+            sock.sendall(b'snapshot 0 live-unproven\n')
+            t.check_equal(sock.recv(16), b'1\n', 'the reply to a request without the store\'s directory')
+    finally:
+        silent.close()
+    t.check('live-unproven' not in store.names(), 'a snapshot asked for without the store\'s directory')
+
+
 def test_live_snapshot(store):
     """A snapshot of a subvolume mounted writable and being written holds
     everything fsync'd before it, and nothing written after it."""
@@ -182,6 +222,7 @@ def test_live_snapshot(store):
             stop.set()
             th.join()
         t.check(written, 'the writer wrote nothing')
+        check_control_socket(store, m.pid)
         t.write_file(J(m.path, 'after'), b'written after the snapshot', fsync=True)
         with open(J(m.path, 'synced'), 'r+b') as f:
             f.write(b'changed after the snapshot')
