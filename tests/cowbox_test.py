@@ -706,7 +706,7 @@ def _unescape_mountinfo(s):
 def mount_table():
     """Mount points to file system types, from /proc/self/mountinfo."""
     out = {}
-    with open('/proc/self/mountinfo') as f:
+    with open('/proc/self/mountinfo', errors='surrogateescape') as f:
         for line in f:
             left, _, right = line.partition(' - ')
             fields = left.split()
