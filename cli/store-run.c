@@ -6,10 +6,12 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cleanup.h"
 #include "runtime.h"
 #include "store-tool.h"
 #include "string-util.h"
@@ -102,6 +104,24 @@ static int add_to_list(char **list, size_t *n, char *item) {
         list[(*n)++] = item;
         list[*n] = NULL;
         return 0;
+}
+
+static volatile sig_atomic_t signal_to_pass;
+
+static void on_signal(int sig) {
+        signal_to_pass = sig;
+}
+
+/* Ctrl-C, SIGTERM and SIGHUP reach the task (it runs in a session of its
+ * own, apart from the terminal's): it ends as it chooses, and the run
+ * cleans up after it as after any end. */
+static void pass_signals_on(void) {
+        static const int passed[] = { SIGINT, SIGTERM, SIGHUP };
+        struct sigaction sa = { .sa_handler = on_signal };
+
+        sigemptyset(&sa.sa_mask);
+        for (size_t i = 0; i < ELEMENTSOF(passed); i++)
+                (void) sigaction(passed[i], &sa, NULL);
 }
 
 static int verb_run(Tool *tool, const Command *cmd, int argc, char *argv[]) {
@@ -199,6 +219,8 @@ static int verb_run(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         r = tool_open_store(tool, &store);
         if (r != 0)
                 return r;
+        opts.forward_signal = &signal_to_pass;
+        pass_signals_on();
         r = sandbox_run(store, &opts, &result, error, sizeof error);
         if (r < 0) {
                 sandbox_result_clear(&result);
@@ -224,7 +246,8 @@ const Command command_run = {
                 "I/O done for the task is charged to it. Afterwards the snapshot is deleted (and\n"
                 "reaped) unless --keep. The report goes to standard error (JSON with --json);\n"
                 "limits the host cannot apply are named there. The exit status is the task's\n"
-                "(128 + the signal if killed).\n",
+                "(128 + the signal if killed). SIGINT, SIGTERM and SIGHUP are passed on to the\n"
+                "task; a run killed with -9 leaves what it made to the next run to remove.\n",
         .options = (const CommandOption[]) {
                 { ARG_WORKDIR, "workdir", "PATH", "see the host read-only, the snapshot at PATH" },
                 { ARG_KEEP, "keep", NULL, "keep the snapshot afterwards" },

@@ -170,6 +170,25 @@ static uint64_t keyed_value(const char *text, const char *key) {
         return 0;
 }
 
+/* Enables the v2 controllers the sandbox uses for the cgroups below dir:
+ * one at a time, since the kernel refuses a whole write for one
+ * controller it cannot enable. */
+static void enable_v2_controllers(const char *dir) {
+        FOREACH_STRING(controller, "+io", "+memory", "+pids", "+cpu")
+                (void) write_file(dir, "cgroup.subtree_control", controller);
+}
+
+/* Makes the directory path of a cgroup. One of that name left by a run
+ * that died (the name holds its caller's PID) is removed first. */
+static int make_cgroup_dir(const char *path, bool reuse) {
+        if (mkdir(path, 0755) >= 0 || (errno == EEXIST && reuse))
+                return 0;
+        if (errno != EEXIST)
+                return -errno;
+        cgroup_remove_path(path);
+        return mkdir(path, 0755) < 0 ? -errno : 0;
+}
+
 int cgroup_create(Cgroup *cg, const char *name) {
         char *mounts[_CG_MAX] = {}, *own[_CG_MAX] = {};
         _cleanup_free_ char *controllers = NULL;
@@ -182,35 +201,51 @@ int cgroup_create(Cgroup *cg, const char *name) {
 
         for (unsigned c = 0; c < _CG_MAX; c++) {
                 _cleanup_free_ char *parent = NULL;
+                int k;
 
                 if (!mounts[c] || !own[c])
                         continue;
+                /* Controllers mounted together (cpu,cpuacct) share one
+                 * hierarchy, and one directory. */
+                for (unsigned d = 0; d < c && !cg->path[c]; d++)
+                        if (cg->path[d] && mounts[d] && streq(mounts[d], mounts[c]) && streq(own[d], own[c]))
+                                cg->path[c] = strdup(cg->path[d]);
+                if (cg->path[c])
+                        continue;
                 if (asprintf(&parent, "%s%s/cowbox", mounts[c], streq(own[c], "/") ? "" : own[c]) < 0 ||
                     asprintf(&cg->path[c], "%s/%s", parent, name) < 0) {
+                        cg->path[c] = NULL;
                         r = -ENOMEM;
                         break;
                 }
-                if ((mkdir(parent, 0755) < 0 && errno != EEXIST) ||
-                    (mkdir(cg->path[c], 0755) < 0 && !(errno == EEXIST && cg->reuse))) {
+                k = mkdir(parent, 0755) < 0 && errno != EEXIST ? -errno : make_cgroup_dir(cg->path[c], cg->reuse);
+                if (k < 0) {
                         if (c == CG_UNIFIED)
-                                not_applied(cg, "cgroup v2: cannot make %s: %m", cg->path[c]);
+                                not_applied(cg, "cgroup v2: cannot make %s: %s", cg->path[c], strerror(-k));
                         free(cg->path[c]);
                         cg->path[c] = NULL;
                         continue;
                 }
-                /* v2: the controllers must be handed down to the new cgroup. */
+                /* v2: the controllers must be handed down to the new cgroup
+                 * (our own cgroup's write fails while it holds processes,
+                 * unless it is the root; then they are handed down or
+                 * not, as whoever made it chose). */
                 if (c == CG_UNIFIED) {
-                        controllers = read_file(mounts[c], "cgroup.controllers");
-                        if (controllers && *controllers && *controllers != '\n') {
-                                (void) write_file(parent, "../cgroup.subtree_control", "+io +memory +pids +cpu");
-                                (void) write_file(parent, "cgroup.subtree_control", "+io +memory +pids +cpu");
-                        }
-                        free(controllers);
+                        _cleanup_free_ char *own_dir = NULL;
+
+                        if (asprintf(&own_dir, "%s%s", mounts[c], streq(own[c], "/") ? "" : own[c]) >= 0)
+                                enable_v2_controllers(own_dir);
+                        enable_v2_controllers(parent);
                         controllers = read_file(cg->path[c], "cgroup.controllers");
-                        cg->v2_io = controllers && strstr(controllers, "io");
-                        cg->v2_memory = controllers && strstr(controllers, "memory");
-                        cg->v2_pids = controllers && strstr(controllers, "pids");
-                        cg->v2_cpu = controllers && strstr(controllers, "cpu");
+                        char *save = NULL;
+
+                        for (char *w = controllers ? strtok_r(controllers, " \n", &save) : NULL; w;
+                             w = strtok_r(NULL, " \n", &save)) {
+                                cg->v2_io |= streq(w, "io");
+                                cg->v2_memory |= streq(w, "memory");
+                                cg->v2_pids |= streq(w, "pids");
+                                cg->v2_cpu |= streq(w, "cpu");
+                        }
                 }
         }
         for (unsigned c = 0; c < _CG_MAX; c++) {
@@ -335,7 +370,9 @@ void cgroup_apply(Cgroup *cg, const SandboxLimits *l, dev_t dev) {
                 else
                         not_applied(cg, "process limit: no pids controller");
         }
-        if (l->cpu_percent) {
+        if (l->cpu_percent > UINT64_MAX / 1000)
+                not_applied(cg, "CPU limit: %" PRIu64 "%% is more than any host has", l->cpu_percent);
+        else if (l->cpu_percent) {
                 if (cg->v2_cpu) {
                         snprintf(v, sizeof v, "%" PRIu64 " 100000", l->cpu_percent * 1000);
                         apply_value(cg, cg->path[CG_UNIFIED], "cpu.max", v, "CPU limit");
@@ -465,7 +502,13 @@ void cgroup_destroy(Cgroup *cg) {
         for (unsigned c = 0; c < _CG_MAX; c++) {
                 if (!cg->path[c])
                         continue;
+                /* A shared hierarchy's directory went with the first. */
                 cgroup_remove_path(cg->path[c]);
+                for (unsigned d = c + 1; d < _CG_MAX; d++)
+                        if (cg->path[d] && streq(cg->path[d], cg->path[c])) {
+                                free(cg->path[d]);
+                                cg->path[d] = NULL;
+                        }
                 free(cg->path[c]);
                 cg->path[c] = NULL;
         }

@@ -22,6 +22,7 @@
  */
 
 #include <stdbool.h>
+#include <signal.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -80,6 +81,10 @@ typedef struct SandboxOptions {
         /* If set, watched while the task runs: once it is non-zero the task
          * is killed and the sandbox cleaned up (a signal handler sets it). */
         const volatile int *cancel;
+        /* If set, watched too: a signal the caller got (a handler sets it),
+         * passed on to the task and then reset to 0. The task may end,
+         * and the sandbox is cleaned up as after any end. */
+        volatile sig_atomic_t *forward_signal;
 } SandboxOptions;
 
 typedef struct SandboxResult {

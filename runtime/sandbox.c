@@ -43,6 +43,9 @@
 
 #define SERVER_READY_TIMEOUT_MS (30 * 1000)
 
+/* What init passes on to the task, and the outer child to init. */
+static const int forwarded_signals[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 };
+
 static const char *const default_env[] = {
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME=/",
@@ -159,6 +162,36 @@ static int make_proc_tmp(const char *root) {
         return 0;
 }
 
+/* A workdir sandbox's own /run, in place of the host's and its sockets;
+ * the resolver's configuration, which /etc/resolv.conf often points to
+ * there, is bound in. */
+static int make_run(const char *root) {
+        char path[4096], resolv[PATH_MAX];
+
+        snprintf(path, sizeof path, "%s/run", root);
+        if (access(path, F_OK) < 0)
+                return 0;
+        if (mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=16m") < 0)
+                return -errno;
+        if (realpath("/etc/resolv.conf", resolv) && startswith(resolv, "/run/")) {
+                int fd;
+
+                snprintf(path, sizeof path, "%s%s", root, resolv);
+                *strrchr(path, '/') = 0;
+                if (mkdir_p(path, 0755) < 0)
+                        return -errno;
+                snprintf(path, sizeof path, "%s%s", root, resolv);
+                fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+                if (fd < 0)
+                        return -errno;
+                close(fd);
+                if (mount(resolv, path, NULL, MS_BIND, NULL) < 0 ||
+                    mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+                        return -errno;
+        }
+        return 0;
+}
+
 /* Hides a host directory from a workdir sandbox: an empty read-only tmpfs
  * over it (the store, the other sandboxes). */
 static void hide(const char *root, const char *dir) {
@@ -188,7 +221,11 @@ static void setup_mounts(const Plan *p) {
                 if (mount(root, root, NULL, MS_BIND | MS_REC, NULL) < 0)
                         child_fail(p->error_fd, errno, "cannot bind the snapshot: %m");
         } else {
-                struct mount_attr attr = { .attr_set = MOUNT_ATTR_RDONLY };
+                /* Read-only is not enough: a device node of the host's
+                 * opens as well on a read-only mount. */
+                struct mount_attr attr = {
+                        .attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID,
+                };
 
                 root = p->staging;
                 if (mount("/", root, NULL, MS_BIND | MS_REC, NULL) < 0 ||
@@ -196,6 +233,11 @@ static void setup_mounts(const Plan *p) {
                         child_fail(p->error_fd, errno, "cannot make the host read-only: %m");
                 hide(root, p->store_path);
                 hide(root, p->sandboxes_dir);
+                /* Nor does it keep a task from the host's daemons: their
+                 * sockets (the system bus, systemd, container engines)
+                 * connect as well. /run gets a tmpfs of its own. */
+                if (make_run(root) < 0)
+                        child_fail(p->error_fd, errno, "cannot mount /run: %m");
         }
         if (make_proc_tmp(root) < 0)
                 child_fail(p->error_fd, errno, "cannot mount /proc and /tmp: %m");
@@ -273,6 +315,7 @@ static void task_main(const Plan *p) {
 
 static pid_t init_task;
 
+/* In init: to the task; in the outer child: to init. */
 static void init_forward(int sig) {
         if (init_task > 0)
                 (void) kill(init_task, sig);
@@ -282,7 +325,7 @@ static void init_forward(int sig) {
  * and ends with it (the kernel then kills what is left). */
 _noreturn_
 static void init_main(const Plan *p) {
-        static const int forwarded[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 };
+        const int *forwarded = forwarded_signals;
         const char *hostname = p->opts->hostname ? p->opts->hostname : p->opts->name;
         /* A hostname made from a long snapshot name is cut to what fits. */
         size_t hostname_len = strnlen(hostname, HOST_NAME_MAX);
@@ -297,34 +340,34 @@ static void init_main(const Plan *p) {
         if ((p->error_fd > 3 && close_range(3, (unsigned) p->error_fd - 1, 0) < 0) ||
             close_range((unsigned) p->error_fd + 1, ~0U, 0) < 0)
                 child_fail(p->error_fd, errno, "cannot close the descriptors it inherited: %m");
-        /* The logs are host files: opened before the root changes. */
-        redirect(p, p->opts->stdout_path, STDOUT_FILENO);
-        redirect(p, p->opts->stderr_path, STDERR_FILENO);
         setup_mounts(p);
         if (sethostname(hostname, hostname_len) < 0)
                 child_fail(p->error_fd, errno, "cannot set the hostname: %m");
         if (!p->opts->host_network)
                 loopback_up();
 
-        for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+        for (size_t i = 0; i < ELEMENTSOF(forwarded_signals); i++)
                 (void) signal(forwarded[i], init_forward);
         init_task = fork();
         if (init_task < 0)
                 child_fail(p->error_fd, errno, "cannot start the task: %m");
         if (init_task == 0) {
-                for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
+                for (size_t i = 0; i < ELEMENTSOF(forwarded_signals); i++)
                         (void) signal(forwarded[i], SIG_DFL);
                 task_main(p);
         }
-        close(p->error_fd);
         for (;;) {
                 pid = waitpid(-1, &status, 0);
                 if (pid < 0 && errno == EINTR)
                         continue;
                 if (pid < 0)
                         _exit(127);
-                if (pid == init_task)
+                if (pid == init_task) {
+                        /* An exit status cannot tell "exit 130" from "killed
+                         * by SIGINT": the caller gets the task's own. */
+                        dprintf(p->error_fd, "status %d\n", status);
                         _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+                }
         }
 }
 
@@ -385,6 +428,10 @@ static int start_server(Store *s, const char *name, const char *mountpoint, cons
                 }
                 _cleanup_free_ char *path = strdup(store_path(s));
 
+                /* The caller's handlers would keep the server's own (libfuse
+                 * sets its handlers only where there are none). */
+                for (size_t i = 0; i < ELEMENTSOF(forwarded_signals); i++)
+                        (void) signal(forwarded_signals[i], SIG_DFL);
                 /* Before any descriptor is closed: see store.h. */
                 store_close_inherited();
                 (void) setsid();
@@ -441,10 +488,14 @@ static void kill_task(const Cgroup *cg, pid_t outer, pid_t server) {
         }
 }
 
-/* Waits for the outer child, killing the task at the deadline. */
-static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeout_usec,
-                     const volatile int *cancel, SandboxResult *ret) {
+/* Waits for the outer child, killing the task at the deadline and passing
+ * on the signals the caller got. */
+static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, const SandboxOptions *opts,
+                     SandboxResult *ret) {
         _cleanup_close_ int pidfd = (int) syscall(SYS_pidfd_open, outer, 0);
+        const volatile int *cancel = opts->cancel;
+        volatile sig_atomic_t *forward = opts->forward_signal;
+        uint64_t timeout_usec = opts->timeout_usec;
         struct timespec start, now;
         int status, r;
 
@@ -452,12 +503,16 @@ static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeo
                 return -errno;
         clock_gettime(CLOCK_MONOTONIC, &start);
         for (;;) {
-                int wait_ms = cancel ? 200 : -1;
+                int wait_ms = cancel || forward ? 200 : -1;
 
                 if (cancel && *cancel) {
                         ret->cancelled = true;
                         kill_task(cg, outer, server);
                         break;
+                }
+                if (forward && *forward) {
+                        (void) kill(outer, *forward);
+                        *forward = 0;
                 }
                 if (timeout_usec > 0) {
                         uint64_t elapsed;
@@ -470,7 +525,8 @@ static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeo
                                 kill_task(cg, outer, server);
                                 break;
                         }
-                        wait_ms = (int) MIN((timeout_usec - elapsed) / 1000 + 1, (uint64_t) (cancel ? 200 : 1000));
+                        wait_ms = (int) MIN((timeout_usec - elapsed) / 1000 + 1,
+                                            (uint64_t) (wait_ms > 0 ? wait_ms : 1000));
                 }
                 r = fd_wait_readable(pidfd, wait_ms);
                 if (r == -EINTR)
@@ -482,6 +538,8 @@ static int wait_task(const Cgroup *cg, pid_t outer, pid_t server, uint64_t timeo
         }
         if (waitpid(outer, &status, 0) < 0)
                 return -errno;
+        /* What init says of the task replaces this (run_task()); without
+         * it, init itself was killed. */
         if (WIFEXITED(status))
                 ret->exit_status = WEXITSTATUS(status);
         else
@@ -535,20 +593,32 @@ static int write_id_maps(pid_t outer, uid_t base, uint32_t size) {
         return r;
 }
 
-/* Reads what a child said before it failed. 0 if it said nothing. */
-static int read_child_error(int fd, char *text, size_t size) {
-        char buf[600];
+/* Reads what the children said: the first setup failure ("ERRNO text"),
+ * returned as a negative errno (0 if none), and the task's wait status
+ * ("status N"), -1 in *ret_status if init did not live to say it. */
+static int read_child_report(int fd, char *text, size_t size, int *ret_status) {
+        char buf[4096];
         ssize_t n = read(fd, buf, sizeof buf - 1);
-        char *space;
-        int e;
+        int r = 0;
 
+        *ret_status = -1;
         if (n <= 0)
                 return 0;
         buf[n] = 0;
-        buf[strcspn(buf, "\n")] = 0;
-        e = (int) strtol(buf, &space, 10);
-        snprintf(text, size, "%s", space && *space == ' ' ? space + 1 : buf);
-        return -(e > 0 ? e : EIO);
+        for (char *line = buf, *next; *line; line = next) {
+                char *space;
+                int e;
+
+                next = line + strcspn(line, "\n");
+                if (*next)
+                        *next++ = 0;
+                if (sscanf(line, "status %d", ret_status) == 1 || r < 0)
+                        continue;
+                e = (int) strtol(line, &space, 10);
+                snprintf(text, size, "%s", space && *space == ' ' ? space + 1 : line);
+                r = -(e > 0 ? e : EIO);
+        }
+        return r;
 }
 
 void sandbox_result_clear(SandboxResult *r) {
@@ -563,6 +633,8 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
                     SandboxResult *ret, char *error_text, size_t error_size) {
         _cleanup_free_ char *sandboxes = NULL, *mountpoint = NULL, *staging = NULL;
         SandboxOptions named = *opts;
+        SandboxLimits limits = opts->limits;
+        char cgroup_name[256];
         Cgroup cg = {};
         pid_t server = 0, outer;
         int errfds[2] = { -EBADF, -EBADF }, syncfds[2] = { -EBADF, -EBADF }, r;
@@ -581,7 +653,10 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
         }
 
         dev = block_device_of(store_path(s));
-        r = cgroup_create(&cg, name);
+        /* Unique to this run: the same name may run from another store,
+         * or have been left by a run killed with -9. */
+        snprintf(cgroup_name, sizeof cgroup_name, "%.200s.%d", name, (int) getpid());
+        r = cgroup_create(&cg, cgroup_name);
         if (r < 0) {
                 snprintf(error_text, error_size, "cannot make the sandbox's cgroups: %s", strerror(-r));
                 goto finish;
@@ -591,7 +666,11 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
                         snprintf(error_text, error_size, "cannot write the sandbox's record: %s", strerror(-r));
                         goto finish;
                 }
-        cgroup_apply(&cg, &opts->limits, dev);
+        /* The sandbox's outer process and its init are in its cgroups
+         * too: the limit is on the task's own processes. */
+        if (limits.pids_max > 0 && limits.pids_max < UINT64_MAX - 2)
+                limits.pids_max += 2;
+        cgroup_apply(&cg, &limits, dev);
 
         r = start_server(s, name, mountpoint, &cg, opts->userns_size ? opts->userns_base : 0, &server);
         if (r < 0) {
@@ -637,6 +716,10 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
                 r = cgroup_attach(&cg, getpid());
                 if (r < 0)
                         child_fail(errfds[1], -r, "cannot join the sandbox's cgroup: %s", strerror(-r));
+                /* The logs are the caller's files: opened as the caller,
+                 * before a user namespace or the root changes. */
+                redirect(&plan, opts->stdout_path, STDOUT_FILENO);
+                redirect(&plan, opts->stderr_path, STDERR_FILENO);
                 if (opts->userns_size)
                         flags |= CLONE_NEWUSER;
                 if (unshare(flags) < 0)
@@ -657,6 +740,11 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
                 if (init == 0)
                         init_main(&plan);
                 close(errfds[1]);
+                /* Signals the caller passes on go to init, which passes
+                 * them on to the task. */
+                init_task = init;
+                for (size_t i = 0; i < ELEMENTSOF(forwarded_signals); i++)
+                        (void) signal(forwarded_signals[i], init_forward);
                 while (waitpid(init, &status, 0) < 0 && errno == EINTR)
                         ;
                 _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
@@ -678,9 +766,15 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
         close(syncfds[1]);
         syncfds[1] = -EBADF;
 
-        r = wait_task(&cg, outer, server, opts->timeout_usec, opts->cancel, ret);
+        r = wait_task(&cg, outer, server, opts, ret);
         if (r >= 0) {
-                r = read_child_error(errfds[0], error_text, error_size);
+                int status;
+
+                r = read_child_report(errfds[0], error_text, error_size, &status);
+                if (status >= 0 && !ret->timed_out && !ret->cancelled) {
+                        ret->exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+                        ret->signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+                }
                 cgroup_collect(&cg, dev, ret);
         }
 

@@ -19,6 +19,9 @@
  *   fds                  counts the open descriptors past 2
  *   clone-ns | clone3-ns makes a user namespace with clone() or clone3()
  *   cgroup               prints the cgroup paths of /proc/self/cgroup
+ *   exit STATUS          exits with STATUS
+ *   raise SIGNAL         kills itself with SIGNAL
+ *   trap-term SECONDS    prints "trapping", sleeps; on SIGTERM prints "caught" and exits 7
  *   mount | module | unshare | ptrace PID | chroot-escape | ls DIR
  */
 
@@ -213,6 +216,12 @@ static int cmd_ls(const char *path) {
         return 0;
 }
 
+static void on_term(int sig) {
+        (void) sig;
+        (void) !write(STDOUT_FILENO, "caught\n", 7);
+        _exit(7);
+}
+
 int main(int argc, char *argv[]) {
         const char *cmd = argc > 1 ? argv[1] : "info";
 
@@ -294,6 +303,20 @@ int main(int argc, char *argv[]) {
         }
         if (!strcmp(cmd, "clone-ns") || !strcmp(cmd, "clone3-ns"))
                 return cmd_clone_ns(!strcmp(cmd, "clone3-ns"));
+        if (!strcmp(cmd, "exit") && argc > 2)
+                return atoi(argv[2]);
+        if (!strcmp(cmd, "raise") && argc > 2) {
+                (void) signal(atoi(argv[2]), SIG_DFL);
+                (void) raise(atoi(argv[2]));
+                return 0;
+        }
+        if (!strcmp(cmd, "trap-term") && argc > 2) {
+                (void) signal(SIGTERM, on_term);
+                printf("trapping\n");
+                fflush(stdout);
+                sleep((unsigned) atoi(argv[2]));
+                return 0;
+        }
         if (!strcmp(cmd, "print") && argc > 2) {
                 for (long n = atol(argv[2]); n > 0; n--)
                         putchar('\x01');

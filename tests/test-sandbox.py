@@ -20,6 +20,9 @@ import glob
 import json
 import os
 import shutil
+import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
@@ -141,8 +144,9 @@ def check_limits(store):
     _, rep = run(store, '--memory-max', '32M', 'img', '--', '/probe', 'alloc', '256', expect=137)
     t.check(rep['oom_killed'], f'a task past its memory limit: {rep}')
 
+    # The limit is on the task's processes: it and 31 children.
     r, rep = run(store, '--pids-max', '32', 'img', '--', '/probe', 'forkbomb', expect=None)
-    t.check('forkbomb stopped' in r.out and rep['pids_limit_hit'], f'a fork bomb: {r.out} {rep}')
+    t.check('forkbomb stopped 31 ' in r.out and rep['pids_limit_hit'], f'a fork bomb: {r.out} {rep}')
     subprocess.run(['true'], check=True)   # the host still forks
 
     start = time.monotonic()
@@ -189,6 +193,27 @@ def check_escapes(store):
     t.check_equal(t.read_file(victim), b'host file\n', 'a host file after a workdir sandbox wrote to it')
     t.check('written' in r.out, f'the workdir sandbox writes its working tree: {r.out} {r.err}')
 
+    # The host seen read-only opens none of its device nodes, and hides
+    # the sockets of its daemons in /run (/etc/resolv.conf still reads).
+    node = os.path.join(store.tmp, 'null-node')
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    sock = socket.socket(socket.AF_UNIX)
+    sock_path = f'/run/cowbox-test-{os.getpid()}.sock'
+    sock.bind(sock_path)
+    sock.listen(1)
+    try:
+        r, _ = run(store, '--workdir', workdir, 'img', '--', '/bin/sh', '-c',
+                   f'if echo x > {node}; then echo node opened; else echo node refused; fi; '
+                   f'if test -S {sock_path}; then echo socket seen; else echo socket hidden; fi; '
+                   'cat /etc/resolv.conf >/dev/null && echo resolv read', expect=None)
+    finally:
+        sock.close()
+        os.unlink(sock_path)
+    t.check('node refused' in r.out, f'a host device node from a workdir sandbox: {r.out} {r.err}')
+    t.check('socket hidden' in r.out, f'a host socket in /run from a workdir sandbox: {r.out} {r.err}')
+    if os.access('/etc/resolv.conf', os.R_OK):
+        t.check('resolv read' in r.out, f'/etc/resolv.conf in a workdir sandbox: {r.out} {r.err}')
+
     # A working tree's path through a symbolic link would be looked up on
     # the writable host: refused, and nothing made there.
     target = store.new_dir('link-target')
@@ -206,9 +231,9 @@ def sandbox_cgroups(name):
         for line in f:
             own = line.rstrip('\n').split(':', 2)[2]
             for top in ['/sys/fs/cgroup'] + glob.glob('/sys/fs/cgroup/*'):
-                path = os.path.normpath(f'{top}/{own}/cowbox/{name}')
-                if os.path.isdir(path):
-                    found.add(path)
+                for path in glob.glob(glob.escape(os.path.normpath(f'{top}/{own}/cowbox/{name}')) + '.*'):
+                    if os.path.isdir(path):
+                        found.add(path)
     return sorted(found)
 
 
@@ -263,6 +288,35 @@ def check_caller_killed(store):
     store.delete('killed-kept')
 
 
+def check_exit_and_signals(store, tmp):
+    """The report tells an exit status above 128 from a signal; SIGTERM to
+    cowbox-store run reaches the task, whose end is reported, and the run
+    cleans up; the task's output goes to the caller's files also in a user
+    namespace."""
+    for status in (255, 130):
+        _, rep = run(store, 'img', '--', '/probe', 'exit', str(status), expect=status)
+        t.check_equal((rep['exit_status'], rep['signal']), (status, 0), f'the report of exit {status}')
+    _, rep = run(store, 'img', '--', '/probe', 'raise', '10', expect=138)
+    t.check_equal((rep['exit_status'], rep['signal']), (138, 10), 'the report of a task killed by SIGUSR1')
+
+    before = store.names()
+    p = subprocess.Popen([t.tool(), '--store', store.path, '--json', 'run', 'img', '--', '/probe', 'trap-term', '60'],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t.check_equal(p.stdout.readline(), 'trapping\n', 'the task before SIGTERM')
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    t.check_equal((p.returncode, out), (7, 'caught\n'), f'a task sent SIGTERM through its run: {err}')
+    rep = json.loads(err[err.find('{'):err.rfind('}') + 1])
+    t.check_equal((rep['exit_status'], rep['signal']), (7, 0), 'the report of a task that caught SIGTERM')
+    t.check_equal(store.names(), before, 'subvolumes after a run ended by SIGTERM')
+
+    out_path = os.path.join(tmp, 'userns-out')
+    run(store, '--user-namespace', '300000', '--stdout', out_path, 'img', '--', '/probe', 'uidmap')
+    t.check(t.read_file(out_path).split()[:3] == [b'uidmap', b'0', b'300000'],
+            f'the output of a task in a user namespace: {t.read_file(out_path)!r}')
+    t.check_equal(os.stat(out_path).st_uid, os.getuid(), 'the owner of a task\'s output file')
+
+
 def reap_all(store):
     deadline = time.monotonic() + 30
     store.reap()
@@ -304,6 +358,7 @@ def run_test():
         check_limits(store)
         check_escapes(store)
         check_caller_killed(store)
+        check_exit_and_signals(store, store.tmp)
         check_many(store)
         store.fsck()
 
