@@ -81,6 +81,18 @@ static int mkdir_p(const char *path, mode_t mode) {
         return mkdir(buf, mode) < 0 && errno != EEXIST ? -errno : 0;
 }
 
+/* Whether a component of path is "..". */
+static bool path_has_dot_dot(const char *path) {
+        for (const char *p = path; *p;) {
+                size_t n = strcspn(p, "/");
+
+                if (n == 2 && p[0] == '.' && p[1] == '.')
+                        return true;
+                p += n + (p[n] == '/');
+        }
+        return false;
+}
+
 /* Whether a component of path past its first skip bytes is a symbolic
  * link. */
 static bool path_has_symlink(const char *path, size_t skip) {
@@ -154,6 +166,21 @@ static int make_proc_tmp(const char *root) {
                 if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) < 0 ||
                     mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
                           NULL) < 0)
+                        return -errno;
+        }
+        /* What tells of the host's kernel and hardware is masked, as
+         * container engines mask it: files by /dev/null, directories by an
+         * empty tmpfs. */
+        FOREACH_STRING(masked, "kcore", "keys", "key-users", "timer_list", "sched_debug", "latency_stats",
+                       "acpi", "asound", "scsi") {
+                struct stat st;
+
+                snprintf(path, sizeof path, "%s/proc/%s", root, masked);
+                if (lstat(path, &st) < 0)
+                        continue;
+                if (S_ISDIR(st.st_mode) ? mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                                                "size=4k,mode=555") < 0
+                                        : mount("/dev/null", path, NULL, MS_BIND, NULL) < 0)
                         return -errno;
         }
         snprintf(path, sizeof path, "%s/tmp", root);
@@ -239,6 +266,17 @@ static void setup_mounts(const Plan *p) {
                 if (make_run(root) < 0)
                         child_fail(p->error_fd, errno, "cannot mount /run: %m");
         }
+        /* Looked up before the root changes, the image's symbolic links
+         * would lead to the host's directories. */
+        if (p->opts->shape == SANDBOX_ROOT)
+                FOREACH_STRING(dir, "/proc", "/dev", "/tmp") {
+                        char path[4096];
+
+                        snprintf(path, sizeof path, "%s%s", root, dir);
+                        if (path_has_symlink(path, strlen(root)))
+                                child_fail(p->error_fd, ELOOP, "the image's %s is a symbolic link: the sandbox "
+                                           "mounts its own there", dir);
+                }
         if (make_proc_tmp(root) < 0)
                 child_fail(p->error_fd, errno, "cannot mount /proc and /tmp: %m");
         if (make_dev(root) < 0)
@@ -309,7 +347,19 @@ static void task_main(const Plan *p) {
                         child_fail(p->error_fd, errno, "cannot become user %u: %m", (unsigned) o->uid);
         }
         (void) signal(SIGPIPE, SIG_DFL);
-        execvpe(o->argv[0], o->argv, o->envp ? o->envp : (char *const *) default_env);
+        /* execvpe() searches the PATH of the caller's environment: the
+         * task's is the one to search. */
+        {
+                char *const *env = o->envp ? o->envp : (char *const *) default_env;
+                const char *path = NULL;
+
+                for (char *const *e = env; *e; e++)
+                        if (startswith(*e, "PATH="))
+                                path = *e + 5;
+                if (path ? setenv("PATH", path, 1) < 0 : unsetenv("PATH") < 0)
+                        child_fail(p->error_fd, errno, "cannot set the task's PATH: %m");
+                execvpe(o->argv[0], o->argv, env);
+        }
         child_fail(p->error_fd, errno, "cannot run %s: %m", o->argv[0]);
 }
 
@@ -811,7 +861,7 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                 return -EINVAL;
         }
         if (opts->shape == SANDBOX_WORKDIR && (!opts->workdir || opts->workdir[0] != '/' ||
-                                               strstr(opts->workdir, "/..") || streq(opts->workdir, "/"))) {
+                                               path_has_dot_dot(opts->workdir) || streq(opts->workdir, "/"))) {
                 snprintf(error_text, error_size, "the working tree's path must be absolute, without '..', and "
                          "not '/'");
                 return -EINVAL;

@@ -166,6 +166,21 @@ def check_escapes(store):
                        (['clone-ns'], 'clone-ns EPERM'), (['clone3-ns'], 'clone3-ns ENOSYS')):
         r, _ = run(store, 'img', '--', '/probe', *args)
         t.check(r.out.startswith(want), f'{args} inside a sandbox: {r.out}')
+    # What tells of the host's kernel is masked, as container engines do.
+    for name in ('timer_list', 'keys'):
+        if os.path.exists(f'/proc/{name}'):
+            r, _ = run(store, 'img', '--', '/probe', 'read', f'/proc/{name}')
+            t.check(r.out.startswith('read 0 '), f'/proc/{name} inside a sandbox: {r.out}')
+    # An image whose /tmp leads elsewhere is refused: its link would be
+    # followed on the host, before the root changes.
+    store.create('linked')
+    with store.mount('linked') as m:
+        shutil.copy(probe_exe(), m.p('probe'))
+        os.symlink('/', m.p('tmp'))
+    r = store.run('run', 'linked', '--', '/probe', 'info', expect=1)
+    t.check('/tmp is a symbolic link' in r.err, f'an image whose /tmp is a symbolic link:\n{r.err}')
+    store.delete('linked')
+
     r, _ = run(store, 'img', '--', '/probe', 'chroot-escape')
     t.check('usr absent' in r.out, f'a chroot escape reached the host: {r.out}')
 
