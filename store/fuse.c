@@ -1075,7 +1075,9 @@ static int mount_args(struct fuse_args *args, const char *name, bool readonly, b
         }
         *p = 0;
 
-        if (asprintf(&options, "fsname=cowbox:%s,subtype=cowbox,default_permissions,allow_other%s",
+        /* noatime: reads never change a file's atime, and the mount says
+         * so to those who ask (statfs, mountinfo). */
+        if (asprintf(&options, "fsname=cowbox:%s,subtype=cowbox,default_permissions,allow_other,noatime%s",
                      escaped, readonly ? ",ro" : "") < 0)
                 return -ENOMEM;
         if (fuse_opt_add_arg(args, "cowbox") < 0 || fuse_opt_add_arg(args, "-o") < 0 ||

@@ -744,6 +744,15 @@ def test_statfs(d, store_path):
             f'{avail} bytes available in the mount, but {host_avail} free of {host_total} under the store')
     if st.f_files:
         t.check(st.f_ffree <= st.f_files, f'statfs inodes: {st.f_ffree} free of {st.f_files}')
+    # Reads leave a file's atime as it is: the mount says so (noatime),
+    # for the tools that compare atime with mtime to tell what was read.
+    t.check(st.f_flag & os.ST_NOATIME, f'statfs flags {st.f_flag:#x}: the mount does not say noatime')
+    path = os.path.join(d, 'atime-probe')
+    t.write_file(path, b'read me\n')
+    os.utime(path, ns=(10**18, 2 * 10**18))
+    t.read_file(path)
+    t.check_equal(os.stat(path).st_atime_ns, 10**18, 'atime after a read')
+    os.unlink(path)
 
 
 def test_fsync(d):
