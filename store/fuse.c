@@ -644,6 +644,98 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset,
         reply_status(req, do_fallocate(server_of(req), ino, mode, offset, length));
 }
 
+/* SEEK_DATA and SEEK_HOLE (the kernel answers the other whences itself):
+ * the store knows which blocks of a file hold data, so that cp and tar
+ * keep a sparse file sparse. */
+static int do_lseek(Server *srv, fuse_ino_t ino, off_t off, int whence, off_t *ret) {
+        _cleanup_free_ VolumeExtent *extents = NULL;
+        struct stat st;
+        size_t n = 0;
+        uint64_t pos;
+        int r;
+
+        if (whence != SEEK_DATA && whence != SEEK_HOLE)
+                return -EINVAL;
+        r = volume_getattr(srv->volume, ino, &st);
+        if (r < 0)
+                return r;
+        if (off < 0 || off >= st.st_size)
+                return -ENXIO;
+        r = volume_file_extents(srv->volume, ino, &extents, &n);
+        if (r == -ENODATA) {            /* inline: all data */
+                *ret = whence == SEEK_DATA ? off : st.st_size;
+                return 0;
+        }
+        if (r < 0)
+                return r;
+        pos = (uint64_t) off;
+        for (size_t i = 0; i < n; i++) {
+                uint64_t end = extents[i].offset + extents[i].length;
+
+                if (end <= pos)
+                        continue;
+                if (whence == SEEK_DATA) {
+                        *ret = (off_t) MAX(pos, extents[i].offset);
+                        return 0;
+                }
+                if (extents[i].offset > pos)
+                        break;          /* pos is in a hole */
+                pos = end;
+        }
+        if (whence == SEEK_DATA)
+                return -ENXIO;
+        /* The end of the file counts as a hole. */
+        *ret = (off_t) MIN(pos, (uint64_t) st.st_size);
+        return 0;
+}
+
+static void op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struct fuse_file_info *fi) {
+        off_t result = 0;
+        int r = do_lseek(server_of(req), ino, off, whence, &result);
+
+        if (r < 0)
+                fuse_reply_err(req, -r);
+        else
+                fuse_reply_lseek(req, result);
+}
+
+/* At most this much a call: the reply counts bytes in 32 bits, and the
+ * caller asks again for the rest. */
+#define COPY_RANGE_MAX (1024u * 1024 * 1024)
+
+/* copy_file_range() within the mount shares the source's whole blocks
+ * instead of copying them: cp of a large file costs its metadata. */
+static ssize_t do_copy_file_range(Server *srv, fuse_ino_t ino_in, off_t off_in, fuse_ino_t ino_out,
+                                  off_t off_out, size_t len, int flags) {
+        struct stat st;
+        uint64_t n;
+        int r;
+
+        if (flags != 0 || off_in < 0 || off_out < 0)
+                return -EINVAL;
+        r = volume_getattr(srv->volume, ino_in, &st);
+        if (r < 0)
+                return r;
+        if (!S_ISREG(st.st_mode))
+                return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+        if (off_in >= st.st_size)
+                return 0;
+        n = MIN(MIN((uint64_t) len, (uint64_t) (st.st_size - off_in)), (uint64_t) COPY_RANGE_MAX);
+        r = volume_clone_range(srv->volume, ino_out, (uint64_t) off_out, srv->volume, ino_in, (uint64_t) off_in, n);
+        return r < 0 ? r : (ssize_t) n;
+}
+
+static void op_copy_file_range(fuse_req_t req, fuse_ino_t ino_in, off_t off_in, struct fuse_file_info *fi_in,
+                               fuse_ino_t ino_out, off_t off_out, struct fuse_file_info *fi_out, size_t len,
+                               int flags) {
+        ssize_t n = do_copy_file_range(server_of(req), ino_in, off_in, ino_out, off_out, len, flags);
+
+        if (n < 0)
+                fuse_reply_err(req, (int) -n);
+        else
+                fuse_reply_write(req, (size_t) n);
+}
+
 /* ---- directories ---- */
 
 static VolumeDir *dir_of(const struct fuse_file_info *fi) {
@@ -1005,6 +1097,8 @@ static const struct fuse_lowlevel_ops cowbox_fuse_ops = {
         .removexattr = op_removexattr,
         .create = op_create,
         .fallocate = op_fallocate,
+        .lseek = op_lseek,
+        .copy_file_range = op_copy_file_range,
 };
 
 /* ---- mounting ---- */

@@ -116,8 +116,21 @@ def test_sparse(d):
         t.check_bytes(os.pread(fd, 4 * KiB, 512 * MiB), zeros(4 * KiB), 'hole in the middle')
         t.check_bytes(os.pread(fd, 10, (1 << 30) - 7), zeros(7) + b'end', 'end of the sparse file')
         t.check_bytes(os.pread(fd, 9, 300 * MiB - 3), zeros(3) + b'mid' + zeros(3), 'data inside a hole')
+        # SEEK_DATA and SEEK_HOLE find them, in blocks of 64 KiB, as cp
+        # and tar ask to keep a file sparse.
+        for whence, off, want in ((os.SEEK_DATA, 0, 300 * MiB), (os.SEEK_HOLE, 0, 0),
+                                  (os.SEEK_HOLE, 300 * MiB + 1, 300 * MiB + 64 * KiB),
+                                  (os.SEEK_DATA, 300 * MiB + 64 * KiB, 1 << 30),
+                                  (os.SEEK_HOLE, 1 << 30, (1 << 30) + 3)):
+            t.check_equal(os.lseek(fd, off, whence), want, f'lseek({off}, {"SEEK_DATA" if whence == os.SEEK_DATA else "SEEK_HOLE"})')
+        t.expect_errno(errno.ENXIO, os.lseek, fd, (1 << 30) + 3, os.SEEK_DATA, what='SEEK_DATA at the end')
     finally:
         os.close(fd)
+    small = J(d, 'small')
+    t.write_file(small, b'all data')
+    with open(small, 'rb') as f:
+        t.check_equal((os.lseek(f.fileno(), 3, os.SEEK_DATA), os.lseek(f.fileno(), 3, os.SEEK_HOLE)), (3, 8),
+                      'SEEK_DATA and SEEK_HOLE in a small file')
     st = os.stat(p)
     t.check(st.st_blocks * 512 <= 2 * MiB, f'reopened: the sparse file uses {st.st_blocks * 512} bytes')
     os.unlink(p)  # the check after the remount would read 1 GiB of zeros
@@ -151,6 +164,31 @@ def test_sparse(d):
     finally:
         os.close(fd)
     os.unlink(huge)
+
+
+def test_copy_file_range(d):
+    """copy_file_range() shares whole blocks and copies the rest: the copy
+    reads back as the source, aligned or not, also past the source's end."""
+    src, dst = J(d, 'src'), J(d, 'dst')
+    data = t.random_bytes(3 * MiB + 12345, 41)
+    t.write_file(src, data, fsync=True)
+    with open(src, 'rb') as fi, open(dst, 'wb') as fo:
+        done = 0
+        while done < len(data):
+            n = os.copy_file_range(fi.fileno(), fo.fileno(), len(data) - done, done, done)
+            t.check(n > 0, f'copy_file_range copied nothing at {done}')
+            done += n
+        t.check_equal(os.copy_file_range(fi.fileno(), fo.fileno(), 100, len(data), len(data)), 0,
+                      'copy_file_range past the end of the source')
+        n = os.copy_file_range(fi.fileno(), fo.fileno(), 200000, 1000, len(data) + 5)
+        t.check_equal(n, 200000, 'an unaligned copy_file_range')
+    t.check_bytes(t.read_file(dst), data + zeros(5) + data[1000:201000], 'the copy of copy_file_range')
+    with open(src, 'r+b') as f:
+        t.expect_errno(errno.EINVAL, os.copy_file_range, f.fileno(), f.fileno(), MiB, 0, 64 * KiB,
+                       what='copy_file_range onto an overlapping range of the same file')
+    with open(src, 'r+b') as f:
+        f.write(b'changed')
+    t.check_bytes(t.read_file(dst)[:7], data[:7], 'the copy after its source changed')
 
 
 def test_partly_written_blocks(d):
@@ -1009,6 +1047,7 @@ def run():
                 ('regular files', test_regular),
                 ('sparse files', test_sparse),
                 ('partly written blocks', test_partly_written_blocks),
+                ('copy_file_range', test_copy_file_range),
                 ('fallocate', test_fallocate),
                 ('O_APPEND', test_append),
                 ('mmap', test_mmap),
