@@ -77,6 +77,8 @@ static bool request_may_take_long(const struct fuse_buf *buf) {
         case FUSE_FSYNC:
         case FUSE_FSYNCDIR:
         case FUSE_FALLOCATE:
+        case FUSE_COPY_FILE_RANGE:
+        case FUSE_LSEEK:
                 return true;
         default:
                 return false;
