@@ -33,6 +33,11 @@
 
 static bool arg_json;
 
+/* A task's output is its bytes, NULs too (\u0000 in the daemon's JSON). */
+static json_t *parse_json(const char *text) {
+        return json_loads(text, JSON_ALLOW_NUL, NULL);
+}
+
 _printf_(1, 2)
 static int fail(const char *format, ...) {
         va_list ap;
@@ -108,7 +113,7 @@ static void print_json(json_t *doc, void (*printer)(json_t *doc)) {
 }
 
 static int print_json_text(const char *text, void (*printer)(json_t *doc)) {
-        json_t *doc = json_loads(text, 0, NULL);
+        json_t *doc = parse_json(text);
 
         if (!doc)
                 return fail("the daemon sent malformed JSON");
@@ -134,7 +139,7 @@ static int call_for_json_va(json_t **ret, const char *method, const char *types,
                 r = sd_bus_message_read(reply, "s", &text);
         if (r < 0)
                 return bus_failure(method, r, &error);
-        *ret = json_loads(text, 0, NULL);
+        *ret = parse_json(text);
         if (!*ret)
                 return fail("the daemon sent malformed JSON");
         return EXIT_SUCCESS;
@@ -266,13 +271,13 @@ static int job_follow(sd_bus *bus, sd_bus_message *reply, JobWait *w, const char
                 fputs("\r\033[K", stderr);
 
         if (!streq(w->result, "done")) {
-                json_t *doc = json_loads(w->json, 0, NULL);
+                json_t *doc = parse_json(w->json);
                 const char *text = json_string_value(json_object_get(doc, "error"));
 
                 r = fail("%s %s: %s", what, w->result, text ? text : "no reason given");
                 json_decref(doc);
         } else if (ret_json) {
-                *ret_json = json_loads(w->json, 0, NULL);
+                *ret_json = parse_json(w->json);
                 r = *ret_json ? EXIT_SUCCESS : fail("the daemon sent malformed JSON");
         } else
                 r = print_json_text(w->json, printer);
@@ -800,12 +805,16 @@ static int parse_task_options(int argc, char *argv[], json_t *doc, const char **
 }
 
 static void print_task_result(json_t *result) {
+        json_t *out = json_object_get(result, "stdout"), *err = json_object_get(result, "stderr");
         char a[32];
         size_t i;
         json_t *n;
 
-        fputs(json_string_value(json_object_get(result, "stdout")) ?: "", stdout);
-        fputs(json_string_value(json_object_get(result, "stderr")) ?: "", stderr);
+        /* Written whole: the output may hold NULs. */
+        if (json_is_string(out))
+                fwrite(json_string_value(out), 1, json_string_length(out), stdout);
+        if (json_is_string(err))
+                fwrite(json_string_value(err), 1, json_string_length(err), stderr);
         fprintf(stderr, PROGRAM ": exit status %" PRIu64 "%s%s%s; CPU %.2f s, peak memory %s\n",
                 num(result, "exit_status"),
                 json_is_true(json_object_get(result, "timed_out")) ? ", out of time" : "",
@@ -980,7 +989,7 @@ static int verb_sandbox_wait(const char *name) {
                 return bus_failure("WaitSandbox", r, &error);
         if (arg_json)
                 return print_json_text(text, NULL);
-        doc = json_loads(text, 0, NULL);
+        doc = parse_json(text);
         result = json_object_get(doc, "result");
         if (!json_is_object(result) || run_error(result)) {
                 r = run_error(result) ? fail("sandbox '%s' failed: %s", name, run_error(result))

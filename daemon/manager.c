@@ -150,7 +150,7 @@ void manager_job_finished(Manager *m, Job *j) {
         if (j->type == JOB_RECEIVE && j->state != JOB_DONE)
                 manager_recover(m);
         if (j->type == JOB_RECEIVE && j->state == JOB_DONE && j->result) {
-                json_t *names = json_loads(j->result, 0, NULL);
+                json_t *names = json_loads(j->result, JSON_ALLOW_NUL, NULL);
                 json_t *images = json_object_get(names, "images");
                 size_t i;
                 json_t *v;

@@ -141,7 +141,7 @@ int manager_load_sandboxes(Manager *m) {
         if (!path || asprintf(&dir, "%s-sandboxes", m->store_path) < 0)
                 return -ENOMEM;
         (void) mkdir(dir, 0755);
-        list = json_load_file(path, 0, NULL);
+        list = json_load_file(path, JSON_ALLOW_NUL, NULL);
         json_array_foreach(list, i, v) {
                 Sandbox *b = calloc(1, sizeof *b);
                 const char *state = json_string_value(json_object_get(v, "state"));
@@ -209,7 +209,7 @@ void manager_sandbox_job_finished(Manager *m, Job *j) {
                 if (b->job != j->id || !streq(b->state, "running"))
                         continue;
                 json_decref(b->result);
-                b->result = j->result ? json_loads(j->result, 0, NULL) : NULL;
+                b->result = j->result ? json_loads(j->result, JSON_ALLOW_NUL, NULL) : NULL;
                 /* A run that failed before its task ran says why. */
                 if (!b->result && j->state == JOB_FAILED)
                         b->result = json_pack("{s:i, s:s}", "errno", -j->error,

