@@ -44,6 +44,22 @@ def check_nul_output(bus):
     d.cowbox(bus, 'sandbox', 'rm', 'nul')
 
 
+def check_output_characters(bus):
+    """Output cut at 64 KiB in the middle of a character keeps every whole
+    character before it; only invalid bytes are replaced, each invalid
+    sequence by one U+FFFD."""
+    script = 'head -c 65535 /dev/zero | tr "\\0" a; printf "\\303\\251\\303\\251"'
+    report = run_json(bus, '/bin/sh', '-c', script)
+    t.check_equal(report['stdout'], 'a' * 65535, 'an output cut in the middle of a character')
+    script = 'head -c 65534 /dev/zero | tr "\\0" a; printf "\\342\\202\\254"'
+    report = run_json(bus, '/bin/sh', '-c', script)
+    t.check_equal(report['stdout'], 'a' * 65534, 'an output cut in the middle of a three-byte character')
+    report = run_json(bus, '/usr/bin/printf',
+                      'ok \\303\\251 \\377 \\342\\202 \\300\\257 \\355\\240\\200 \\360\\237\\231\\202')
+    t.check_equal(report['stdout'], 'ok \u00e9 \ufffd \ufffd \ufffd\ufffd \ufffd\ufffd\ufffd \U0001f642',
+                  'an output with invalid UTF-8 sequences')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -51,6 +67,7 @@ def run():
         with d.bus_and_daemon(store) as (bus, daemon):
             make_image(bus)
             check_nul_output(bus)
+            check_output_characters(bus)
 
 
 if __name__ == '__main__':
