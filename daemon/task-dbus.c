@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -234,6 +235,12 @@ static const ApiOption task_options[] = {
         { "io_weight", 'u' }, { "io_latency_us", 'u' }, { "userns_base", 'i' }, { "userns_size", 'i' }, {}
 };
 
+static uint64_t cpu_percent_max(void) {
+        long n = sysconf(_SC_NPROCESSORS_CONF);
+
+        return 100 * (uint64_t) (n > 0 ? n : 1);
+}
+
 int task_check(const char *source, char **argv, const char *options, json_t **ret_opts, sd_bus_error *error) {
         json_t *opts = NULL;
         const char *workdir, *name, *hostname;
@@ -264,6 +271,11 @@ int task_check(const char *source, char **argv, const char *options, json_t **re
         else if (api_option_uint(opts, "userns_base", 0) > 0 && api_option_uint(opts, "userns_size", 1) == 0)
                 /* No IDs to map would be no user namespace: the task would run as the host's root. */
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"userns_size\" must be at least 1.");
+        else if (api_option_uint(opts, "cpu_percent", 0) > cpu_percent_max())
+                /* More than every CPU means nothing, and the cgroup's quota
+                 * (the percent times 1000 µs) must not overflow. */
+                r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"cpu_percent\" must be at most %" PRIu64
+                                      " (100 for each of the host's CPUs); 0 means no limit.", cpu_percent_max());
         else if (api_option_uint(opts, "timeout_sec", 0) > 365 * 24 * 3600)
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"timeout_sec\" is too large.");
         if (r < 0) {

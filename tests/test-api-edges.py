@@ -60,6 +60,26 @@ def check_output_characters(bus):
                   'an output with invalid UTF-8 sequences')
 
 
+def refused(bus, method, *args, error='org.cowbox1.Error.InvalidJSON', what=''):
+    """A call refused with the error named, a sentence, and no job started."""
+    r = d.gdbus_call(bus, method, *args, expect='fail')
+    t.check_equal(d.error_name(r), error, f'the error of {method} {what}: {r.err}')
+    t.check(len(r.err.split(':', 2)[-1].strip()) > 10, f'the error of {method} {what} has a sentence: {r.err}')
+    t.check_equal(json.loads(d.cowbox(bus, '--json', 'jobs').out), [], f'jobs after {method} {what}')
+    return r
+
+
+def check_task_options(bus):
+    """Options a task could not run with are refused at the call."""
+    huge = 18446744073709556
+    r = refused(bus, 'RunTask', 'base', "['/bin/true']", json.dumps({'cpu_percent': huge}), what='with a huge cpu')
+    t.check('cpu_percent' in r.err, f'the error names the option: {r.err}')
+    refused(bus, 'CreateSandbox', 'cpu', 'base', "['/bin/true']", json.dumps({'cpu_percent': huge}),
+            what='with a huge cpu')
+    d.cowbox(bus, 'run', '--cpu', str(huge), '--workdir', WORKDIR, 'base', '--', '/bin/true', expect=1)
+    d.cowbox(bus, 'run', '--cpu', '50', '--workdir', WORKDIR, 'base', '--', '/bin/true')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -68,6 +88,7 @@ def run():
             make_image(bus)
             check_nul_output(bus)
             check_output_characters(bus)
+            check_task_options(bus)
 
 
 if __name__ == '__main__':
