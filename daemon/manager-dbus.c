@@ -533,6 +533,26 @@ static int method_receive_image_from_path(sd_bus_message *message, void *userdat
         return start_receive(message, userdata, fd, options, error);
 }
 
+/* An image to send: it exists and is read-only. */
+static int check_image(Manager *m, const char *name, sd_bus_error *error) {
+        StoreSubvolumeInfo info = {};
+        bool readonly;
+        int r;
+
+        r = store_subvolume_show(m->store, name, &info);
+        if (r == -ENOENT)
+                return sd_bus_error_setf(error, API_ERROR_NO_SUCH_IMAGE, "There is no image named '%s'; ListImages "
+                                         "names them.", name);
+        if (r < 0)
+                return store_error_reply(r, name, error);
+        readonly = info.readonly;
+        store_subvolume_info_clear(&info);
+        if (!readonly)
+                return sd_bus_error_setf(error, API_ERROR_NOT_READ_ONLY, "'%s' is writable: only read-only images "
+                                         "can be sent; take a read-only snapshot of it and send that.", name);
+        return 0;
+}
+
 static int method_send_image(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         static const ApiOption allowed[] = {
                 { "parent", 's' }, { "version", 'u' }, { "compressed_data", 'b' }, { "zstd", 'b' }, {}
@@ -565,6 +585,11 @@ static int method_send_image(sd_bus_message *message, void *userdata, sd_bus_err
         r = manager_check_workspace_reader(message, m, name, error);
         if (r >= 0 && parent)
                 r = manager_check_workspace_reader(message, m, parent, error);
+        /* Answered now rather than by a job that fails at once. */
+        if (r >= 0)
+                r = check_image(m, name, error);
+        if (r >= 0 && parent)
+                r = check_image(m, parent, error);
         if (r < 0)
                 return r;
         w = calloc(1, sizeof *w);

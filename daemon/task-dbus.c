@@ -235,6 +235,23 @@ static const ApiOption task_options[] = {
         { "io_weight", 'u' }, { "io_latency_us", 'u' }, { "userns_base", 'i' }, { "userns_size", 'i' }, {}
 };
 
+/* Absolute, without '.' or '..' components: what the task sees is the
+ * path it names, whatever the directories under it. */
+static bool path_is_plain_absolute(const char *path) {
+        if (path[0] != '/')
+                return false;
+        for (const char *p = path; *p;) {
+                size_t k;
+
+                p += strspn(p, "/");
+                k = strcspn(p, "/");
+                if ((k == 1 && p[0] == '.') || (k == 2 && p[0] == '.' && p[1] == '.'))
+                        return false;
+                p += k;
+        }
+        return true;
+}
+
 static uint64_t cpu_percent_max(void) {
         long n = sysconf(_SC_NPROCESSORS_CONF);
 
@@ -243,7 +260,8 @@ static uint64_t cpu_percent_max(void) {
 
 int task_check(const char *source, char **argv, const char *options, json_t **ret_opts, sd_bus_error *error) {
         json_t *opts = NULL;
-        const char *workdir, *name, *hostname;
+        const char *workdir, *name, *hostname, *cwd;
+        uint64_t userns_base;
         size_t n = 0;
         int r;
 
@@ -258,6 +276,8 @@ int task_check(const char *source, char **argv, const char *options, json_t **re
         if (r < 0)
                 return r;
         workdir = api_option_string(opts, "workdir", NULL);
+        cwd = api_option_string(opts, "cwd", NULL);
+        userns_base = api_option_uint(opts, "userns_base", 0);
         name = api_option_string(opts, "name", NULL);
         hostname = api_option_string(opts, "hostname", NULL);
         if (name && manager_check_name(name, error) < 0)
@@ -265,12 +285,21 @@ int task_check(const char *source, char **argv, const char *options, json_t **re
         else if (hostname && (strlen(hostname) == 0 || strlen(hostname) > HOST_NAME_MAX))
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"hostname\" must be 1 to %d bytes.",
                                       HOST_NAME_MAX);
-        else if (workdir && (workdir[0] != '/' || strstr(workdir, "..")))
+        else if (workdir && (!path_is_plain_absolute(workdir) || strstr(workdir, "..") ||
+                             !workdir[strspn(workdir, "/")]))
+                /* The runtime refuses it too, but only once the job runs. */
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"workdir\" must be an absolute path "
-                                      "without '..'.");
-        else if (api_option_uint(opts, "userns_base", 0) > 0 && api_option_uint(opts, "userns_size", 1) == 0)
+                                      "without '.' or '..' components, and not '/'.");
+        else if (cwd && !path_is_plain_absolute(cwd))
+                r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"cwd\" must be an absolute path "
+                                      "without '.' or '..' components.");
+        else if (userns_base > 0 && api_option_uint(opts, "userns_size", 1) == 0)
                 /* No IDs to map would be no user namespace: the task would run as the host's root. */
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"userns_size\" must be at least 1.");
+        else if (userns_base > 0 && userns_base + api_option_uint(opts, "userns_size", 65536) > UINT32_MAX)
+                /* The last ID mapped must be below (uid_t) -1. */
+                r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Options \"userns_base\" and \"userns_size\" "
+                                      "(65536 by default) must name IDs below 2^32 - 1.");
         else if (api_option_uint(opts, "cpu_percent", 0) > cpu_percent_max())
                 /* More than every CPU means nothing, and the cgroup's quota
                  * (the percent times 1000 µs) must not overflow. */

@@ -7,6 +7,7 @@ caller, the signals of every job, and the cowbox client's usage errors."""
 
 import json
 import os
+import subprocess
 import sys
 
 sys.dont_write_bytecode = True
@@ -78,6 +79,36 @@ def check_task_options(bus):
             what='with a huge cpu')
     d.cowbox(bus, 'run', '--cpu', str(huge), '--workdir', WORKDIR, 'base', '--', '/bin/true', expect=1)
     d.cowbox(bus, 'run', '--cpu', '50', '--workdir', WORKDIR, 'base', '--', '/bin/true')
+
+    for opts, key in (({'userns_base': 4294901760}, 'userns'),       # 2^32 - 65536: the default size is too many
+                      ({'userns_base': 4000000000, 'userns_size': 300000000}, 'userns'),
+                      ({'workdir': '/'}, 'workdir'), ({'workdir': '//'}, 'workdir'), ({'workdir': '/./'}, 'workdir'),
+                      ({'cwd': '../../etc'}, 'cwd'), ({'cwd': 'etc'}, 'cwd'), ({'cwd': '/tmp/../etc'}, 'cwd'),
+                      ({'cwd': '/tmp/./x'}, 'cwd')):
+        for method, args in (('RunTask', ('base',)), ('CreateSandbox', ('opts', 'base'))):
+            r = refused(bus, method, *args, "['/bin/true']", json.dumps(opts), what=f'with {opts}')
+            t.check(key in r.err, f'the error of {method} with {opts} names the option: {r.err}')
+    t.check_equal(json.loads(d.cowbox(bus, '--json', 'sandbox', 'list').out), [], 'sandboxes after the refusals')
+    report = run_json(bus, '/bin/pwd')
+    t.check_equal(report['stdout'], WORKDIR + '\n', 'the working directory of a task by default')
+    r = d.gdbus_call(bus, 'RunTask', 'base', "['/bin/true']", json.dumps({'userns_base': 4294901758}))
+    t.check('/org/cowbox1/job/' in r.out, f'a user namespace whose last ID is 2^32 - 2 is taken: {r.out}')
+    d.wait_for('the task to end', lambda: json.loads(d.cowbox(bus, '--json', 'jobs').out) == [])
+
+    d.gdbus_call(bus, 'CreateSubvolume', 'writable')
+    with open('/dev/null', 'w') as null:
+        env = dict(os.environ, **bus.env)
+        for name, opts, error in (('nothing', '{}', 'NoSuchImage'), ('writable', '{}', 'NotReadOnly'),
+                                  ('base', '{"parent": "nothing"}', 'NoSuchImage')):
+            p = subprocess.run(['gdbus', 'call', '--system', '--dest', 'org.cowbox1', '--object-path', '/org/cowbox1',
+                                '--method', 'org.cowbox1.Manager.SendImage', name, '1', opts], env=env,
+                               stdin=null, capture_output=True, text=True)
+            t.check(p.returncode != 0 and f'org.cowbox1.Error.{error}' in p.stderr,
+                    f'SendImage of {name} with {opts}: {p.returncode} {p.stderr}')
+    r = d.cowbox(bus, 'image', 'send', '-f', '/dev/null', 'nothing', expect=1)
+    t.check('no image named' in r.err, f'cowbox image send of no image: {r.err}')
+    t.check_equal(json.loads(d.cowbox(bus, '--json', 'jobs').out), [], 'jobs after the sends refused')
+    d.cowbox(bus, 'rm', 'writable')
 
 
 def run():
