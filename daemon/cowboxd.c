@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "api.h"
+#include "cleanup.h"
 #include "manager.h"
 
 static void help(void) {
@@ -46,6 +47,7 @@ int main(int argc, char *argv[]) {
                 {}
         };
         const char *store = getenv("COWBOX_STORE");
+        _cleanup_free_ char *error = NULL;
         Manager *m = NULL;
         bool init = false;
         long low = 10, high = 20;
@@ -107,11 +109,15 @@ int main(int argc, char *argv[]) {
         }
         m->low_mark = (unsigned) low;
         m->high_mark = (unsigned) (high > low ? high : low);
-        r = manager_start(m);
+        r = manager_start(m, &error);
         if (r < 0) {
-                fprintf(stderr, "cowboxd: cannot serve on the bus: %s%s\n", strerror(-r),
-                        r == -EEXIST ? " (another cowboxd has the name " API_SERVICE ")" :
-                        r == -ENOENT || r == -ECONNREFUSED ? " (no system bus; set DBUS_SYSTEM_BUS_ADDRESS)" : "");
+                if (error)
+                        fprintf(stderr, "cowboxd: %s\n", error);
+                else
+                        fprintf(stderr, "cowboxd: cannot serve on the bus: %s%s\n", strerror(-r),
+                                r == -EEXIST ? " (another cowboxd has the name " API_SERVICE ")" :
+                                r == -ENOENT || r == -ECONNREFUSED ? " (no system bus; set "
+                                "DBUS_SYSTEM_BUS_ADDRESS)" : "");
                 manager_free(m);
                 return EXIT_FAILURE;
         }

@@ -209,7 +209,7 @@ static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void
         return sd_event_exit(m->event, 0);
 }
 
-int manager_start(Manager *m) {
+int manager_start(Manager *m, char **ret_error) {
         int r;
 
         r = sd_event_default(&m->event);
@@ -263,9 +263,9 @@ int manager_start(Manager *m) {
         m->recover_ticks = RECOVER_TICKS;
         r = sd_event_add_time_relative(m->event, NULL, CLOCK_MONOTONIC, SPACE_WATCH_USEC, 0, on_space_watch, m);
         if (r >= 0)
-                r = manager_start_workspaces(m);
+                r = manager_start_workspaces(m, ret_error);
         if (r >= 0)
-                r = manager_load_sandboxes(m);
+                r = manager_load_sandboxes(m, ret_error);
         if (r < 0)
                 return r;
 

@@ -92,7 +92,9 @@ struct Manager {
 
 int manager_new(const char *store_path, Manager **ret);
 Manager *manager_free(Manager *m);
-int manager_start(Manager *m);
+/* On failure, *ret_error may say what failed in a sentence (the caller
+ * frees it). */
+int manager_start(Manager *m, char **ret_error);
 int manager_run(Manager *m);
 
 /* Recovery at start and after a worker died: removes half-received images
@@ -138,7 +140,7 @@ void manager_job_finished(Manager *m, Job *j);
 
 /* Workspaces (workspace-dbus.c): loads the list, mounts them, and watches
  * their use against their limits. */
-int manager_start_workspaces(Manager *m);
+int manager_start_workspaces(Manager *m, char **ret_error);
 int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int method_list_workspaces(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int method_get_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
@@ -165,7 +167,9 @@ int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error
 void task_remove_stale_outputs(const char *store_path);
 
 /* Sandboxes with a life of their own (sandbox-dbus.c). */
-int manager_load_sandboxes(Manager *m);
+/* As workspaces_load: a list that cannot be read is an error with a
+ * sentence, never replaced by an empty one. */
+int manager_load_sandboxes(Manager *m, char **ret_error);
 void manager_free_sandboxes(Manager *m);
 void manager_sandbox_job_finished(Manager *m, Job *j);
 /* Whether subvolume is a sandbox's own snapshot. */

@@ -19,6 +19,7 @@
 #include "api.h"
 #include "cleanup.h"
 #include "manager.h"
+#include "state-file.h"
 #include "string-util.h"
 #include "workspace.h"
 
@@ -61,22 +62,17 @@ static char *state_file(Manager *m) {
 }
 
 static int save(Manager *m) {
-        _cleanup_free_ char *path = state_file(m), *tmp = NULL;
+        _cleanup_free_ char *path = state_file(m);
         _cleanup_json_ json_t *list = json_array();
-        int r = 0;
 
-        if (!path || !list || asprintf(&tmp, "%s.tmp", path) < 0)
+        if (!path || !list)
                 return -ENOMEM;
         for (Sandbox *b = m->sandboxes; b; b = b->next)
                 json_array_append_new(list, json_pack("{s:s, s:s, s:O, s:O, s:s, s:O?}", "name", b->name,
                                                       "image", b->image, "command", b->command,
                                                       "options", b->options, "state", b->state,
                                                       "result", b->result));
-        if (json_dump_file(list, tmp, JSON_INDENT(2)) < 0 || rename(tmp, path) < 0)
-                r = -EIO;
-        if (r < 0)
-                (void) unlink(tmp);
-        return r;
+        return state_file_save(path, list);
 }
 
 static void waiter_clear(SandboxWaiter *w) {
@@ -133,15 +129,26 @@ static int set_state(Sandbox *b, const char *state) {
         return 0;
 }
 
-int manager_load_sandboxes(Manager *m) {
+int manager_load_sandboxes(Manager *m, char **ret_error) {
         _cleanup_free_ char *path = state_file(m), *dir = NULL;
         json_t *list, *v;
         size_t i;
+        int r;
 
         if (!path || asprintf(&dir, "%s-sandboxes", m->store_path) < 0)
                 return -ENOMEM;
         (void) mkdir(dir, 0755);
-        list = json_load_file(path, JSON_ALLOW_NUL, NULL);
+        /* Their snapshots are protected only while the list names them. */
+        r = state_file_load(path, "sandboxes", JSON_ALLOW_NUL, &list, ret_error);
+        if (r < 0)
+                return r;
+        if (list && !json_is_array(list)) {
+                json_decref(list);
+                if (asprintf(ret_error, "the list of sandboxes %s is damaged: it is not an array; repair it, or "
+                             "move it aside to start with none", path) < 0)
+                        *ret_error = NULL;
+                return -EUCLEAN;
+        }
         json_array_foreach(list, i, v) {
                 Sandbox *b = calloc(1, sizeof *b);
                 const char *state = json_string_value(json_object_get(v, "state"));

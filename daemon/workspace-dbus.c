@@ -324,10 +324,10 @@ static int on_watch(sd_event_source *s, uint64_t usec, void *userdata) {
         return sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
 }
 
-int manager_start_workspaces(Manager *m) {
+int manager_start_workspaces(Manager *m, char **ret_error) {
         int r;
 
-        r = workspaces_load(&m->workspaces, m->store_path);
+        r = workspaces_load(&m->workspaces, m->store_path, ret_error);
         if (r < 0)
                 return r;
         /* After a restart of the host, or of a server that died. */

@@ -20,6 +20,7 @@
 #include "fd-util.h"
 #include "process-util.h"
 #include "string-util.h"
+#include "state-file.h"
 #include "workspace.h"
 
 #define MOUNT_READY_TIMEOUT_MS (30 * 1000)
@@ -98,9 +99,10 @@ void workspaces_done(Workspaces *w) {
 
 /* ---- the list on disk ---- */
 
-int workspaces_load(Workspaces *w, const char *store_path) {
+int workspaces_load(Workspaces *w, const char *store_path, char **ret_error) {
         json_t *doc, *array, *v;
         size_t i;
+        int r;
 
         *w = (Workspaces) {};
         if (asprintf(&w->default_base, "%s-workspaces", store_path) < 0 ||
@@ -109,10 +111,17 @@ int workspaces_load(Workspaces *w, const char *store_path) {
         if (mkdir(w->default_base, 0755) < 0 && errno != EEXIST)
                 return -errno;
 
-        doc = json_load_file(w->state_file, 0, NULL);
-        if (!doc)
-                return access(w->state_file, F_OK) < 0 && errno == ENOENT ? 0 : -EUCLEAN;
+        r = state_file_load(w->state_file, "workspaces", 0, &doc, ret_error);
+        if (r < 0 || !doc)
+                return r;
         array = json_object_get(doc, "workspaces");
+        if (!json_is_array(array)) {
+                json_decref(doc);
+                if (asprintf(ret_error, "the list of workspaces %s is damaged: it holds no \"workspaces\" "
+                             "array; repair it, or move it aside to start with none", w->state_file) < 0)
+                        *ret_error = NULL;
+                return -EUCLEAN;
+        }
         json_array_foreach(array, i, v) {
                 Workspace *ws = calloc(1, sizeof *ws);
                 const char *name = json_string_value(json_object_get(v, "name"));
@@ -145,11 +154,8 @@ int workspaces_load(Workspaces *w, const char *store_path) {
 /* Written to a temporary file, synced and renamed over the old one: the
  * list is the old or the new one after a crash, never half of either. */
 int workspaces_save(const Workspaces *w) {
-        _cleanup_free_ char *tmp = NULL;
-        _cleanup_close_ int dir = -EBADF;
         json_t *array = json_array(), *doc;
-        FILE *f;
-        int r = 0;
+        int r;
 
         for (Workspace *ws = w->list; ws; ws = ws->next)
                 json_array_append_new(array, json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I}",
@@ -159,30 +165,11 @@ int workspaces_save(const Workspaces *w) {
                                                        "limit", (json_int_t) ws->limit,
                                                        "created_usec", (json_int_t) ws->created_usec));
         doc = json_pack("{s:o}", "workspaces", array);
-        if (!doc || asprintf(&tmp, "%s.tmp", w->state_file) < 0) {
-                json_decref(doc);
+        if (!doc)
                 return -ENOMEM;
-        }
-        f = fopen(tmp, "we");
-        if (!f) {
-                json_decref(doc);
-                return -errno;
-        }
-        if (json_dumpf(doc, f, JSON_INDENT(2)) < 0 || fflush(f) != 0 || fsync(fileno(f)) < 0)
-                r = -EIO;
+        r = state_file_save(w->state_file, doc);
         json_decref(doc);
-        if (fclose(f) != 0 && r == 0)
-                r = -errno;
-        if (r == 0 && rename(tmp, w->state_file) < 0)
-                r = -errno;
-        if (r < 0) {
-                (void) unlink(tmp);
-                return r;
-        }
-        dir = open(w->default_base, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (dir >= 0)
-                (void) fsync(dir);
-        return 0;
+        return r;
 }
 
 /* ---- mounting ---- */

@@ -49,7 +49,10 @@ typedef struct Workspaces {
         Workspace *list;
 } Workspaces;
 
-int workspaces_load(Workspaces *w, const char *store_path);
+/* A list that cannot be read is an error (-EUCLEAN for a damaged one),
+ * with a sentence in *ret_error that names the file and the damage:
+ * started without it, the daemon would forget the workspaces. */
+int workspaces_load(Workspaces *w, const char *store_path, char **ret_error);
 void workspaces_done(Workspaces *w);
 int workspaces_save(const Workspaces *w);
 Workspace *workspace_find(const Workspaces *w, const char *name);

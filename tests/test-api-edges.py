@@ -7,6 +7,7 @@ caller, the signals of every job, and the cowbox client's usage errors."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -111,12 +112,48 @@ def check_task_options(bus):
     d.cowbox(bus, 'rm', 'writable')
 
 
+def check_damaged_state(store):
+    """A damaged list of workspaces or sandboxes keeps the daemon from
+    starting, with a message naming the file and the damage; the file is
+    left as it was, never replaced by an empty list."""
+    for path, listed in ((store.path + '-workspaces/.workspaces.json', 'workspaces'),
+                         (store.path + '-sandboxes/.sandboxes.json', 'sandboxes')):
+        with open(path, 'rb') as f:
+            good = f.read()
+        damaged = good[:len(good) // 2] + b'\x00garbage'
+        with open(path, 'wb') as f:
+            f.write(damaged)
+        bus = d.Bus(store)
+        try:
+            p = subprocess.run([d.daemon_exe(), '--store', store.path], env=dict(os.environ, **bus.env),
+                               capture_output=True, text=True, timeout=60)
+        finally:
+            bus.stop()
+        t.check(p.returncode != 0, f'cowboxd started with a damaged {path}: {p.stderr}')
+        t.check(path in p.stderr and f'list of {listed}' in p.stderr and re.search(r'line \d+, column \d+', p.stderr)
+                and 'Structure needs cleaning' not in p.stderr, f'what cowboxd says of a damaged {path}:\n{p.stderr}')
+        with open(path, 'rb') as f:
+            t.check_equal(f.read(), damaged, f'{path} after cowboxd refused it')
+        with open(path, 'wb') as f:
+            f.write(good)
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
     with t.Store('api-edges') as store:
         with d.bus_and_daemon(store) as (bus, daemon):
             make_image(bus)
+            d.cowbox(bus, 'sandbox', 'create', 'kept', '--image', 'base', '--', '/bin/true')
+            d.cowbox(bus, 'workspace', 'create', 'ws', '--image', 'base')
+        check_damaged_state(store)
+        with d.bus_and_daemon(store) as (bus, daemon):
+            t.check_equal([b['name'] for b in json.loads(d.cowbox(bus, '--json', 'sandbox', 'list').out)], ['kept'],
+                          'the sandboxes of a repaired list')
+            t.check_equal([w['name'] for w in json.loads(d.cowbox(bus, '--json', 'workspace', 'list').out)], ['ws'],
+                          'the workspaces of a repaired list')
+            d.cowbox(bus, 'sandbox', 'rm', 'kept')
+            d.cowbox(bus, 'workspace', 'rm', 'ws')
             check_nul_output(bus)
             check_output_characters(bus)
             check_task_options(bus)
