@@ -26,6 +26,8 @@
 #define _cleanup_json_ _cleanup_(json_decrefp)
 #define SANDBOX_PREFIX "sbx-"
 #define WAITERS_MAX 64
+/* Of those, one caller's: no caller takes every place. */
+#define WAITERS_PER_CALLER 8
 /* How long a delete waits for a snapshot's holder to let go. */
 #define DELETE_RETRY_USEC (100 * 1000)
 #define DELETE_RETRIES 100
@@ -321,8 +323,22 @@ static int do_start(sd_bus_message *message, Manager *m, const char *name, sd_bu
         return reply_job(message, m, r, j, error);
 }
 
+/* How many calls of sender (a unique name) wait. */
+static unsigned waiters_of(const Sandbox *b, const char *sender) {
+        unsigned n = 0;
+
+        for (size_t i = 0; sender && i < b->n_waiters; i++) {
+                const char *s = sd_bus_message_get_sender(b->waiters[i].message);
+
+                if (s && streq(s, sender))
+                        n++;
+        }
+        return n;
+}
+
 static int do_wait(sd_bus_message *message, Manager *m, const char *name, sd_bus_error *error) {
         _cleanup_json_ json_t *doc = NULL;
+        const char *sender = sd_bus_message_get_sender(message);
         SandboxWaiter *w;
         Sandbox *b;
         int r;
@@ -334,10 +350,13 @@ static int do_wait(sd_bus_message *message, Manager *m, const char *name, sd_bus
                 doc = sandbox_to_json(b);
                 return api_reply_json(message, doc);
         }
-        if (b->n_waiters == WAITERS_MAX)
+        if (b->n_waiters == WAITERS_MAX || waiters_of(b, sender) >= WAITERS_PER_CALLER)
                 prune_waiters(b);
         if (b->n_waiters == WAITERS_MAX)
                 return sd_bus_error_setf(error, API_ERROR_BUSY, "Too many callers wait for sandbox '%s'.", name);
+        if (waiters_of(b, sender) >= WAITERS_PER_CALLER)
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "You wait for sandbox '%s' %d times already; wait "
+                                         "for the replies first.", name, WAITERS_PER_CALLER);
         /* The reply goes when the task ends. */
         w = &b->waiters[b->n_waiters];
         r = sd_bus_track_new(sd_bus_message_get_bus(message), &w->caller, NULL, NULL);

@@ -8,8 +8,11 @@ caller, the signals of every job, and the cowbox client's usage errors."""
 import json
 import os
 import re
+import socket
+import struct
 import subprocess
 import sys
+import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -138,6 +141,81 @@ def check_damaged_state(store):
             f.write(good)
 
 
+class RawBus:
+    """One connection to the bus, spoken by hand: many calls at once from
+    one caller, which no standard client makes."""
+
+    def __init__(self, bus):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(bus.socket)
+        self.sock.sendall(b'\0AUTH EXTERNAL ' + str(os.getuid()).encode().hex().encode() + b'\r\n')
+        t.check(self.sock.recv(4096).startswith(b'OK'), 'the bus accepts the raw connection')
+        self.sock.sendall(b'BEGIN\r\n')
+        self.serial = 0
+        self.call('org.freedesktop.DBus', '/org/freedesktop/DBus', 'org.freedesktop.DBus', 'Hello')
+
+    @staticmethod
+    def _pad(buf, n):
+        return buf + b'\0' * (-len(buf) % n)
+
+    def call(self, dest, path, interface, member, arg=None):
+        body = b''
+        if arg is not None:
+            body = struct.pack('<I', len(arg.encode())) + arg.encode() + b'\0'
+        fields = b''
+        header_fields = [(1, 'o', path), (2, 's', interface), (3, 's', member), (6, 's', dest)]
+        if arg is not None:
+            header_fields.append((8, 'g', 's'))
+        for code, sig, value in header_fields:
+            fields = self._pad(fields, 8) + bytes([code, 1]) + sig.encode() + b'\0'
+            if sig == 'g':
+                fields += bytes([len(value)]) + value.encode() + b'\0'
+            else:
+                fields = self._pad(fields, 4) + struct.pack('<I', len(value.encode())) + value.encode() + b'\0'
+        self.serial += 1
+        header = b'l\x01\x00\x01' + struct.pack('<III', len(body), self.serial, len(fields)) + fields
+        self.sock.sendall(self._pad(header, 8) + body)
+
+    def received(self, seconds):
+        """What came in within seconds, raw."""
+        data = b''
+        self.sock.settimeout(0.2)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                data += self.sock.recv(1 << 16)
+            except socket.timeout:
+                pass
+        return data
+
+    def close(self):
+        self.sock.close()
+
+
+def check_waiters_of_one_caller(bus):
+    """One caller cannot take every place of a sandbox's waiters: its calls
+    past its share are refused, and another caller still waits."""
+    d.cowbox(bus, 'sandbox', 'create', 'waited', '--image', 'base', '--workdir', WORKDIR, '--', '/bin/sleep', '60')
+    d.cowbox(bus, 'sandbox', 'start', 'waited')
+    raw = RawBus(bus)
+    for _ in range(70):
+        raw.call('org.cowbox1', '/org/cowbox1', 'org.cowbox1.Manager', 'WaitSandbox', 'waited')
+    refusals = raw.received(2).count(b'org.cowbox1.Error.Busy')
+    t.check(60 <= refusals < 70, f'one caller\'s 70 waits: {refusals} refused')
+    env = dict(os.environ, **bus.env)
+    waiter = subprocess.Popen([d.client_exe(), 'sandbox', 'wait', 'waited'], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    d.cowbox(bus, 'sandbox', 'kill', 'waited')
+    _, err = waiter.communicate(timeout=60)
+    t.check('Too many' not in err and 'without a result' not in err and 'exit status' in err,
+            f'a wait beside a caller that waits many times:\n{err}')
+    replies = raw.received(1)
+    t.check(b'"state":"killed"' in replies, 'the waits of the raw caller are answered')
+    raw.close()
+    d.cowbox(bus, 'sandbox', 'rm', 'waited')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -157,6 +235,7 @@ def run():
             check_nul_output(bus)
             check_output_characters(bus)
             check_task_options(bus)
+            check_waiters_of_one_caller(bus)
 
 
 if __name__ == '__main__':
