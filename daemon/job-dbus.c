@@ -95,6 +95,17 @@ int job_send_changed(Job *j) {
                                               "Progress", NULL);
 }
 
+int job_send_new(Job *j) {
+        _cleanup_free_ char *path = NULL;
+        int r;
+
+        r = api_job_path(j->id, &path);
+        if (r < 0)
+                return r;
+        return sd_bus_emit_signal(j->manager->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "JobNew", "uo", j->id,
+                                  path);
+}
+
 int job_send_removed(Job *j) {
         _cleanup_free_ char *path = NULL, *json = NULL;
         json_t *doc;

@@ -367,6 +367,9 @@ int job_start(Manager *m, JobType type, const char *target, job_work_t work, voi
         j->next = m->jobs;
         m->jobs = j;
         m->n_jobs++;
+        /* Every job, also those the daemon starts itself (reaps), is
+         * announced as it starts. */
+        (void) job_send_new(j);
         *ret = j;
         return 0;
 

@@ -451,7 +451,6 @@ int reply_job(sd_bus_message *message, Manager *m, int r, Job *j, sd_bus_error *
         r = api_job_path(j->id, &path);
         if (r < 0)
                 return r;
-        (void) sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "JobNew", "uo", j->id, path);
         return sd_bus_reply_method_return(message, "uo", j->id, path);
 }
 

@@ -196,4 +196,5 @@ int job_object_find(sd_bus *bus, const char *path, const char *interface, void *
                     void **found, sd_bus_error *error);
 int job_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error);
 int job_send_changed(Job *j);
+int job_send_new(Job *j);
 int job_send_removed(Job *j);

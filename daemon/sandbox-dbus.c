@@ -279,6 +279,7 @@ int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error 
                 b->next = m->sandboxes;
                 m->sandboxes = b;
                 r = save(m);
+                (void) manager_signal_subvolume(m, snapshot, true);
                 doc = sandbox_to_json(b);
                 if (r >= 0)
                         r = api_reply_json(message, doc);
@@ -389,6 +390,10 @@ static int do_kill(sd_bus_message *message, Manager *m, const char *name, sd_bus
 }
 
 static void sandbox_remove(Manager *m, Sandbox *b) {
+        _cleanup_free_ char *snapshot = NULL;
+
+        if (asprintf(&snapshot, SANDBOX_PREFIX "%s", b->name) >= 0)
+                (void) manager_signal_subvolume(m, snapshot, false);
         for (Sandbox **p = &m->sandboxes; *p; p = &(*p)->next)
                 if (*p == b) {
                         *p = b->next;

@@ -39,6 +39,15 @@ static int workspace_error(int r, const char *name, sd_bus_error *error) {
         }
 }
 
+/* SubvolumeNew or SubvolumeRemoved of a workspace's subvolume, or of one
+ * of its checkpoints. */
+static void signal_subvolume(Manager *m, const char *name, const char *label, bool added) {
+        _cleanup_free_ char *subvolume = NULL;
+
+        if (workspace_subvolume(name, label, &subvolume) >= 0)
+                (void) manager_signal_subvolume(m, subvolume, added);
+}
+
 static Workspace *find(Manager *m, const char *name, sd_bus_error *error) {
         Workspace *ws = workspace_name_is_valid(name) ? workspace_find(&m->workspaces, name) : NULL;
 
@@ -138,6 +147,7 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
                 return sd_bus_error_setf(error, API_ERROR_NO_SUCH_IMAGE, "There is no image named '%s'.", image);
         if (r < 0)
                 return workspace_error(r, name, error);
+        signal_subvolume(m, name, NULL, true);
         doc = workspace_to_json(workspace_find(&m->workspaces, name), m->store);
         return api_reply_json(message, doc);
 }
@@ -169,8 +179,11 @@ int method_get_workspace(sd_bus_message *message, void *userdata, sd_bus_error *
 }
 
 int method_remove_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_json_ json_t *checkpoints = NULL;
         Manager *m = userdata;
         const char *name;
+        size_t i;
+        json_t *v;
         int r;
 
         r = sd_bus_message_read(message, "s", &name);
@@ -181,9 +194,15 @@ int method_remove_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
         r = manager_check_caller(message, error);
         if (r < 0)
                 return r;
+        /* Its checkpoints go with it: their names for the signals. */
+        if (workspace_checkpoints_json(workspace_find(&m->workspaces, name), m->store, &checkpoints) < 0)
+                checkpoints = NULL;
         r = workspace_remove(&m->workspaces, m->store, name);
         if (r < 0)
                 return workspace_error(r, name, error);
+        signal_subvolume(m, name, NULL, false);
+        json_array_foreach(checkpoints, i, v)
+                signal_subvolume(m, name, json_string_value(json_object_get(v, "label")), false);
         manager_reap_soon(m);
         return sd_bus_reply_method_return(message, NULL);
 }
@@ -226,8 +245,10 @@ int method_checkpoint_workspace(sd_bus_message *message, void *userdata, sd_bus_
         if (r < 0)
                 return r;
         r = workspace_checkpoint(&m->workspaces, m->store, name, label);
-        return r < 0 ? workspace_error(r, r == -EEXIST ? label : name, error)
-                     : sd_bus_reply_method_return(message, NULL);
+        if (r < 0)
+                return workspace_error(r, r == -EEXIST ? label : name, error);
+        signal_subvolume(m, name, label, true);
+        return sd_bus_reply_method_return(message, NULL);
 }
 
 int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {

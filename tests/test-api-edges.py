@@ -216,6 +216,38 @@ def check_waiters_of_one_caller(bus):
     d.cowbox(bus, 'sandbox', 'rm', 'waited')
 
 
+def check_signals(bus):
+    """Every job is announced by JobNew, also the reaps the daemon starts
+    itself; the subvolumes of sandboxes and workspaces come and go with
+    their signals."""
+    d.wait_for('the jobs before to end', lambda: json.loads(d.cowbox(bus, '--json', 'jobs').out) == [])
+    env = dict(os.environ, **bus.env)
+    monitor = subprocess.Popen(['gdbus', 'monitor', '--system', '--dest', 'org.cowbox1'], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        time.sleep(1)
+        d.gdbus_call(bus, 'CreateSubvolume', 'doomed')
+        d.cowbox(bus, 'rm', 'doomed')
+        d.cowbox(bus, 'sandbox', 'create', 'signalled', '--image', 'base', '--', '/bin/true')
+        d.cowbox(bus, 'sandbox', 'rm', 'signalled')
+        d.cowbox(bus, 'workspace', 'create', 'sig', '--image', 'base')
+        d.cowbox(bus, 'workspace', 'checkpoint', 'sig', 'one')
+        d.cowbox(bus, 'workspace', 'rm', 'sig')
+        d.wait_for('the jobs to end', lambda: json.loads(d.cowbox(bus, '--json', 'jobs').out) == [])
+        time.sleep(1)
+    finally:
+        monitor.terminate()
+        out, _ = monitor.communicate(timeout=30)
+    new = set(re.findall(r'\.JobNew \(uint32 (\d+),', out))
+    removed = set(re.findall(r'\.JobRemoved \(uint32 (\d+),', out))
+    t.check(removed and removed <= new, f'JobNew of every job that ended (new {new}, removed {removed}):\n{out}')
+    for signal, name in (('SubvolumeNew', 'doomed'), ('SubvolumeRemoved', 'doomed'),
+                         ('SubvolumeNew', 'sbx-signalled'), ('SubvolumeRemoved', 'sbx-signalled'),
+                         ('SubvolumeNew', 'workspace-sig'), ('SubvolumeNew', 'workspace-sig@one'),
+                         ('SubvolumeRemoved', 'workspace-sig'), ('SubvolumeRemoved', 'workspace-sig@one')):
+        t.check(f".{signal} ('{name}'," in out, f'{signal} of {name}:\n{out}')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -236,6 +268,7 @@ def run():
             check_output_characters(bus)
             check_task_options(bus)
             check_waiters_of_one_caller(bus)
+            check_signals(bus)
 
 
 if __name__ == '__main__':
