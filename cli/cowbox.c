@@ -6,6 +6,7 @@
  * end, with a progress line on a terminal.
  */
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -253,8 +254,9 @@ static int job_follow(sd_bus *bus, sd_bus_message *reply, JobWait *w, const char
                 if (w->daemon_gone) {
                         if (tty)
                                 fputs("\r\033[K", stderr);
-                        return fail("%s: cowboxd exited before the job ended; see 'cowbox status' once it is "
-                                    "back", what);
+                        fail("%s: cowboxd exited before the job ended; see 'cowbox status' once it is back",
+                             what);
+                        return EXIT_UNAVAILABLE;
                 }
                 r = sd_bus_process(bus, NULL);
                 if (r < 0)
@@ -636,6 +638,9 @@ static int parse_size(const char *text, uint64_t *ret) {
                 *ret = 0;
                 return 0;
         }
+        /* strtoull would take "-1" as 2^64 - 1. */
+        if (!isdigit((unsigned char) text[0]))
+                return -EINVAL;
         errno = 0;
         v = strtoull(text, &end, 10);
         if (errno || end == text)
@@ -700,6 +705,9 @@ static int verb_workspace(int argc, char *argv[]) {
         const char *verb = argc > 1 ? argv[1] : "";
         uint64_t limit;
 
+        if (argc < 2)
+                return usage_error("no workspace command given; give one of create, list, show, checkpoint, "
+                                   "checkpoints, restore, set-limit, rm");
         argc--, argv++;
         if (streq(verb, "create"))
                 return verb_workspace_create(argc, argv);
@@ -787,14 +795,20 @@ static int parse_task_options(int argc, char *argv[], json_t *doc, const char **
                         json_object_set_new(doc, "name", json_string(optarg)), known = true;
                 else if (c == 'i' && image)
                         *image = optarg, known = true;
+                else if ((c == 'k' || c == 'n') && image)
+                        /* A sandbox's snapshot is its own, sbx-NAME, kept until the sandbox is removed. */
+                        return usage_error("%s is an option of run only: a sandbox keeps its own snapshot, "
+                                           "sbx-NAME, until 'sandbox rm'", c == 'k' ? "--keep" : "--name");
                 for (size_t i = 0; i < sizeof numeric / sizeof numeric[0]; i++) {
                         char *end = NULL;
 
                         if (numeric[i].id != c)
                                 continue;
                         known = true;
+                        errno = 0;
                         if (numeric[i].size ? parse_size(optarg, &v) < 0
-                                            : ((v = strtoull(optarg, &end, 10)), !end || *end || end == optarg))
+                                            : (!isdigit((unsigned char) optarg[0]) ||
+                                               ((v = strtoull(optarg, &end, 10)), errno || !end || *end)))
                                 return usage_error("'%s' is not a valid number or size", optarg);
                         json_object_set_new(doc, numeric[i].key, json_integer((json_int_t) v));
                 }
@@ -936,7 +950,11 @@ static int verb_sandbox_create(int argc, char *argv[]) {
         int r;
 
         /* NAME comes first: the options follow it. */
-        r = name ? parse_task_options(--argc, ++argv, doc, &image) : EXIT_USAGE;
+        if (!name || name[0] == '-')
+                r = usage_error("give the sandbox's name first: sandbox create NAME --image IMAGE [LIMITS] -- "
+                                "COMMAND [ARG...]");
+        else
+                r = parse_task_options(--argc, ++argv, doc, &image);
         if (r == EXIT_SUCCESS && (!image || argc - optind < 1))
                 r = usage_error("usage: sandbox create NAME --image IMAGE [LIMITS] -- COMMAND [ARG...]");
         if (r != EXIT_SUCCESS) {
@@ -983,6 +1001,12 @@ static int verb_sandbox_wait(const char *name) {
                 r = sd_bus_message_append(m, "s", name);
         if (r >= 0)
                 r = sd_bus_call(bus, m, UINT64_MAX - 1, &error, &reply);
+        /* Without a timeout, no reply means that the daemon left the bus. */
+        if (r < 0 && sd_bus_error_has_name(&error, SD_BUS_ERROR_NO_REPLY)) {
+                fail("sandbox '%s': cowboxd exited before its run ended; 'cowbox sandbox show %s' says how it "
+                     "ended once cowboxd is back", name, name);
+                return EXIT_UNAVAILABLE;
+        }
         if (r >= 0)
                 r = sd_bus_message_read(reply, "s", &text);
         if (r < 0)
@@ -1035,6 +1059,9 @@ static int verb_sandbox_show(const char *name) {
 static int verb_sandbox(int argc, char *argv[]) {
         const char *verb = argc > 1 ? argv[1] : "";
 
+        if (argc < 2)
+                return usage_error("no sandbox command given; give one of create, start, wait, kill, rm, list, "
+                                   "show");
         argc--, argv++;
         if (streq(verb, "create"))
                 return verb_sandbox_create(argc, argv);
@@ -1111,7 +1138,9 @@ static void help(void) {
                "                                    with the command's status\n"
                "\n"
                "Sandboxes (a snapshot, a command and its limits, run when asked):\n"
-               "  sandbox create NAME --image IMAGE [LIMITS as for run] -- COMMAND [ARG...]\n"
+               "  sandbox create NAME --image IMAGE [LIMITS] -- COMMAND [ARG...]\n"
+               "                                    LIMITS: the options of run but --keep and\n"
+               "                                    --name (its snapshot is sbx-NAME)\n"
                "  sandbox start NAME                start its command (again) in its snapshot\n"
                "  sandbox wait NAME                 wait for it; report; exit with its status\n"
                "  sandbox kill NAME                 kill its task\n"
@@ -1144,7 +1173,8 @@ static void help(void) {
                "Long work (receive, send, scrub, reap) shows its progress on a terminal.\n"
                "\n"
                "Exit status: 0 done; 1 failed (the message says why); 2 bad usage;\n"
-               "69 cowboxd or the bus cannot be reached.\n"
+               "69 cowboxd or the bus cannot be reached, or cowboxd went away during a job\n"
+               "or a sandbox wait.\n"
                "\n"
                "Examples:\n"
                "  btrfs send /mnt/images/base | " PROGRAM " image receive\n"
@@ -1158,6 +1188,9 @@ static int dispatch(int argc, char *argv[]) {
         if (streq(noun, "image")) {
                 const char *verb = argc > 1 ? argv[1] : "";
 
+                if (argc < 2)
+                        return usage_error("no image command given; give one of receive, send, list, show, rename, "
+                                           "rm");
                 argc--, argv++;
                 if (streq(verb, "receive"))
                         return verb_image_receive(argc, argv);

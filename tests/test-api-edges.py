@@ -8,6 +8,7 @@ caller, the signals of every job, and the cowbox client's usage errors."""
 import json
 import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -241,11 +242,44 @@ def check_signals(bus):
     new = set(re.findall(r'\.JobNew \(uint32 (\d+),', out))
     removed = set(re.findall(r'\.JobRemoved \(uint32 (\d+),', out))
     t.check(removed and removed <= new, f'JobNew of every job that ended (new {new}, removed {removed}):\n{out}')
-    for signal, name in (('SubvolumeNew', 'doomed'), ('SubvolumeRemoved', 'doomed'),
+    for member, name in (('SubvolumeNew', 'doomed'), ('SubvolumeRemoved', 'doomed'),
                          ('SubvolumeNew', 'sbx-signalled'), ('SubvolumeRemoved', 'sbx-signalled'),
                          ('SubvolumeNew', 'workspace-sig'), ('SubvolumeNew', 'workspace-sig@one'),
                          ('SubvolumeRemoved', 'workspace-sig'), ('SubvolumeRemoved', 'workspace-sig@one')):
-        t.check(f".{signal} ('{name}'," in out, f'{signal} of {name}:\n{out}')
+        t.check(f".{member} ('{name}'," in out, f'{member} of {name}:\n{out}')
+
+
+def check_client_usage(bus, daemon):
+    """The client's usage errors say what is wrong (exit status 2), and a
+    wait whose daemon goes away exits with 69, as for a daemon that is not
+    there."""
+    for argv, words in ((['sandbox', 'create'], ['NAME']),
+                        (['sandbox', 'create', 'x', '--image', 'base', '--keep', '--', '/bin/true'], ['--keep', 'run']),
+                        (['sandbox', 'create', 'x', '--image', 'base', '--name', 'y', '--', '/bin/true'],
+                         ['--name', 'run']),
+                        (['run', '--timeout', '-1', 'base', '--', '/bin/true'], ['-1']),
+                        (['run', '--memory-max', '-5', 'base', '--', '/bin/true'], ['-5']),
+                        (['workspace'], ['no workspace command', 'create', 'rm']),
+                        (['sandbox'], ['no sandbox command', 'create', 'wait']),
+                        (['image'], ['no image command', 'receive', 'send'])):
+        r = d.cowbox(bus, *argv, expect=2)
+        t.check(all(w in r.err for w in words), f'cowbox {" ".join(argv)} says {words}:\n{r.err}')
+    t.check_equal(json.loads(d.cowbox(bus, '--json', 'sandbox', 'list').out), [], 'sandboxes after usage errors')
+    t.check('--keep' in d.cowbox(bus, '--help').out.split('sandbox create', 1)[1].split('sandbox start')[0],
+            'the help of sandbox create says which options of run it takes')
+
+    d.cowbox(bus, 'sandbox', 'create', 'orphan', '--image', 'base', '--workdir', WORKDIR, '--', '/bin/sleep', '60')
+    d.cowbox(bus, 'sandbox', 'start', 'orphan')
+    env = dict(os.environ, **bus.env)
+    waiter = subprocess.Popen([d.client_exe(), 'sandbox', 'wait', 'orphan'], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    time.sleep(1)
+    daemon.kill(signal.SIGTERM)
+    _, err = waiter.communicate(timeout=60)
+    t.check(waiter.returncode == 69 and 'cowboxd exited' in err,
+            f'a wait whose daemon went away: exit status {waiter.returncode}:\n{err}')
+    daemon.start()
+    d.cowbox(bus, 'sandbox', 'rm', 'orphan')
 
 
 def run():
@@ -269,6 +303,7 @@ def run():
             check_task_options(bus)
             check_waiters_of_one_caller(bus)
             check_signals(bus)
+            check_client_usage(bus, daemon)
 
 
 if __name__ == '__main__':
