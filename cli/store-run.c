@@ -281,6 +281,6 @@ const Command command_run = {
                 PROGRAM_NAME " --json run --io-read-bps 10M base -- cat /data/big",
                 NULL,
         },
-        .flags = COMMAND_JSON | COMMAND_OPTIONS_FIRST,
+        .flags = COMMAND_JSON | COMMAND_OPTIONS_FIRST | COMMAND_REPORT_ON_STDERR,
         .run = verb_run,
 };

@@ -644,7 +644,10 @@ static void verb_help(const Command *cmd) {
         if (cmd->flags & COMMAND_SIZES)
                 print_option(ARG_RAW, "raw", NULL, "print sizes as exact byte counts, not as 1.2 MiB");
         if (cmd->flags & COMMAND_JSON)
-                print_option(ARG_JSON, "json", NULL, "print the result as one JSON document on standard\n"
+                print_option(ARG_JSON, "json", NULL, cmd->flags & COMMAND_REPORT_ON_STDERR ?
+                             "print the result as one JSON document on standard\n"
+                             "error (also accepted before the command)" :
+                             "print the result as one JSON document on standard\n"
                              "output (also accepted before the command)");
         print_option('h', "help", NULL, "show this help and exit");
 
@@ -712,7 +715,8 @@ static void tool_help(void) {
         fputs("\nGlobal options (before the command):\n", stdout);
         print_store_option();
         print_option(ARG_JSON, "json", NULL, "print the result as one JSON document on standard\n"
-                     "output (also accepted after the command)");
+                     "output (run: standard error; also accepted after the\n"
+                     "command)");
         print_option('h', "help", NULL, "show this help; after a command, its help");
         print_option(ARG_VERSION, "version", NULL, "print the version and exit");
         print_environment();

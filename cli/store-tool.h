@@ -106,6 +106,7 @@ enum {
         COMMAND_JSON  = 1 << 0, /* prints a result, as text or as JSON */
         COMMAND_SIZES = 1 << 1, /* prints sizes: takes --raw */
         COMMAND_OPTIONS_FIRST = 1 << 2, /* options only before the first argument */
+        COMMAND_REPORT_ON_STDERR = 1 << 3, /* its result goes to standard error (stdout is a task's) */
 };
 
 typedef struct Command Command;
