@@ -766,6 +766,7 @@ static int parse_task_options(int argc, char *argv[], json_t *doc, const char **
                 { "name", required_argument, NULL, 'n' },
                 { "timeout", required_argument, NULL, 't' },
                 { "memory-max", required_argument, NULL, 'm' },
+                { "disk-max", required_argument, NULL, 'D' },
                 { "pids-max", required_argument, NULL, 'p' },
                 { "cpu", required_argument, NULL, 'c' },
                 { "io-read-bps", required_argument, NULL, 'R' },
@@ -776,7 +777,8 @@ static int parse_task_options(int argc, char *argv[], json_t *doc, const char **
                 {}
         };
         static const struct { int id; const char *key; bool size; } numeric[] = {
-                { 't', "timeout_sec", false }, { 'm', "memory_max", true }, { 'p', "pids_max", false },
+                { 't', "timeout_sec", false }, { 'm', "memory_max", true }, { 'D', "disk_max", true },
+                { 'p', "pids_max", false },
                 { 'c', "cpu_percent", false }, { 'R', "io_read_bps", true }, { 'W', "io_write_bps", true },
                 { 'G', "io_weight", false }, { 'L', "io_latency_us", false },
         };
@@ -1130,8 +1132,8 @@ static void help(void) {
                "\n"
                "Tasks:\n"
                "  run [--workdir PATH] [--keep] [--timeout SECONDS] [--memory-max SIZE]\n"
-               "      [--pids-max N] [--cpu PERCENT] [--io-read-bps SIZE] [--io-write-bps SIZE]\n"
-               "      [--io-weight N] [--io-latency-us N] [--name NAME]\n"
+               "      [--disk-max SIZE] [--pids-max N] [--cpu PERCENT] [--io-read-bps SIZE]\n"
+               "      [--io-write-bps SIZE] [--io-weight N] [--io-latency-us N] [--name NAME]\n"
                "      IMAGE -- COMMAND [ARG...]\n"
                "                                    snapshot IMAGE, run COMMAND in a sandbox\n"
                "                                    in it, report, delete the snapshot; exit\n"

@@ -148,6 +148,7 @@ static int verb_run(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                 case ARG_STDERR: opts.stderr_path = optarg; break;
                 case ARG_KILL_ON_REFUSAL: opts.kill_on_refusal = true; break;
                 case ARG_MEMORY_MAX: size_target = &opts.limits.memory_max; break;
+                case ARG_DISK_MAX: size_target = &opts.disk_max; break;
                 case ARG_IO_READ_BPS: size_target = &opts.limits.io_read_bps; break;
                 case ARG_IO_WRITE_BPS: size_target = &opts.limits.io_write_bps; break;
                 case ARG_PIDS_MAX: number_target = &opts.limits.pids_max; break;
@@ -254,6 +255,7 @@ const Command command_run = {
                 { ARG_NAME, "name", "NAME", "the snapshot's name (default: made up)" },
                 { ARG_TIMEOUT, "timeout", "SECONDS", "kill the task after this long" },
                 { ARG_MEMORY_MAX, "memory-max", "BYTES", "memory limit" },
+                { ARG_DISK_MAX, "disk-max", "BYTES", "how much the snapshot's files may grow (a quota)" },
                 { ARG_PIDS_MAX, "pids-max", "N", "process limit" },
                 { ARG_CPU, "cpu", "PERCENT", "CPU limit, in percent of one CPU" },
                 { ARG_IO_READ_BPS, "io-read-bps", "BYTES", "read limit per second on the store's disk" },

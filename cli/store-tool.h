@@ -69,6 +69,7 @@ enum {
         ARG_KEEP,
         ARG_TIMEOUT,
         ARG_MEMORY_MAX,
+        ARG_DISK_MAX,
         ARG_PIDS_MAX,
         ARG_CPU,
         ARG_IO_READ_BPS,

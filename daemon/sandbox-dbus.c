@@ -19,6 +19,7 @@
 #include "api.h"
 #include "cleanup.h"
 #include "manager.h"
+#include "runtime.h"
 #include "state-file.h"
 #include "string-util.h"
 #include "workspace.h"
@@ -263,6 +264,15 @@ int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error 
                         r = store_error_reply(r, image, error);
                 else if (r < 0)
                         r = store_error_reply(r, snapshot, error);
+        }
+        /* Its runs share one snapshot: the limit is on their growth
+         * together, from the image. */
+        if (r >= 0 && api_option_uint(opts, "disk_max", 0) > 0) {
+                r = sandbox_limit_growth(m->store, snapshot, api_option_uint(opts, "disk_max", 0));
+                if (r < 0) {
+                        (void) store_subvolume_delete(m->store, snapshot, NULL);
+                        r = store_error_reply(r, snapshot, error);
+                }
         }
         if (r >= 0) {
                 b = calloc(1, sizeof *b);

@@ -230,7 +230,7 @@ static char *dup_option(json_t *opts, const char *key) {
 static const ApiOption task_options[] = {
         { "workdir", 's' }, { "name", 's' }, { "hostname", 's' }, { "cwd", 's' },
         { "keep", 'b' }, { "host_network", 'b' }, { "timeout_sec", 'u' }, { "uid", 'i' }, { "gid", 'i' },
-        { "memory_max", 'u' }, { "pids_max", 'u' }, { "cpu_percent", 'u' },
+        { "memory_max", 'u' }, { "disk_max", 'u' }, { "pids_max", 'u' }, { "cpu_percent", 'u' },
         { "io_read_bps", 'u' }, { "io_write_bps", 'u' }, { "io_read_iops", 'u' }, { "io_write_iops", 'u' },
         { "io_weight", 'u' }, { "io_latency_us", 'u' }, { "userns_base", 'i' }, { "userns_size", 'i' }, {}
 };
@@ -348,6 +348,7 @@ int task_start(Manager *m, const char *source, char *const *argv, json_t *opts, 
                 .userns_size = api_option_uint(opts, "userns_base", 0) > 0 ?
                                (uint32_t) api_option_uint(opts, "userns_size", 65536) : 0,
                 .keep = api_option_bool(opts, "keep", false),
+                .disk_max = api_option_uint(opts, "disk_max", 0),
                 .timeout_usec = api_option_uint(opts, "timeout_sec", 0) * 1000000,
                 .limits = {
                         .memory_max = api_option_uint(opts, "memory_max", 0),

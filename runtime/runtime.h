@@ -66,6 +66,10 @@ typedef struct SandboxOptions {
         uid_t userns_base;
         uint32_t userns_size;
         bool keep;                      /* keep the snapshot afterwards */
+        /* How much the snapshot's files may grow (a quota of the image's
+         * size and this), so that one task cannot fill the store's disk
+         * for all; 0: no limit of its own. Not for in_source. */
+        uint64_t disk_max;
         uint64_t timeout_usec;          /* 0: none */
         const char *stdout_path;        /* NULL: the caller's */
         const char *stderr_path;
@@ -119,6 +123,11 @@ int runtime_enter_cgroup(const char *name, const SandboxLimits *limits, const ch
  * negative errno if the sandbox could not be made; error_text then says
  * what went wrong. */
 int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *error_text, size_t error_size);
+
+/* Limits how much the files of subvolume name may grow from what they
+ * hold now: its quota becomes their size and bytes, unless it has a
+ * smaller one already. */
+int sandbox_limit_growth(Store *s, const char *name, uint64_t bytes);
 
 /* Removes what the runs of dead runners left behind (killed with -9, or
  * before a reboot): their snapshots, cgroups, directories and mounts.

@@ -847,6 +847,20 @@ finish:
         return r;
 }
 
+int sandbox_limit_growth(Store *s, const char *name, uint64_t bytes) {
+        _cleanup_(store_subvolume_info_clear) StoreSubvolumeInfo info = {};
+        uint64_t quota;
+        int r;
+
+        r = store_subvolume_show(s, name, &info);
+        if (r < 0)
+                return r;
+        quota = info.logical_bytes > UINT64_MAX - bytes ? UINT64_MAX : info.logical_bytes + bytes;
+        if (info.quota_bytes > 0 && info.quota_bytes <= quota)
+                return 0;
+        return store_subvolume_set_quota(s, name, quota);
+}
+
 int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *error_text, size_t error_size) {
         static unsigned counter;
         _cleanup_free_ char *sandboxes = NULL;
@@ -928,10 +942,14 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
          * under a made-up name would be known to nobody. */
         if (!opts->in_source && !(opts->keep && opts->name))
                 r = run_record_add(&record, "snapshot", name);
+        if (r >= 0 && !opts->in_source && opts->disk_max > 0) {
+                r = sandbox_limit_growth(s, name, opts->disk_max);
+                if (r < 0)
+                        snprintf(error_text, error_size, "cannot limit the snapshot's growth: %s", strerror(-r));
+        } else if (r < 0)
+                snprintf(error_text, error_size, "cannot write the sandbox's record: %s", strerror(-r));
         if (r >= 0)
                 r = run_task(s, opts, name, &record, ret, error_text, error_size);
-        else
-                snprintf(error_text, error_size, "cannot write the sandbox's record: %s", strerror(-r));
 
         /* A cancelled task was abandoned: nobody may be left to learn the
          * name of a snapshot kept for it. */

@@ -18,6 +18,7 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cowbox_test as t  # noqa: E402
+from cowbox_test import MiB  # noqa: E402
 import daemon_test as d  # noqa: E402
 
 WORKDIR = '/tmp/w'      # under the task's private /tmp
@@ -64,6 +65,23 @@ def check_output_characters(bus):
                       'ok \\303\\251 \\377 \\342\\202 \\300\\257 \\355\\240\\200 \\360\\237\\231\\202')
     t.check_equal(report['stdout'], 'ok \u00e9 \ufffd \ufffd \ufffd\ufffd \ufffd\ufffd\ufffd \U0001f642',
                   'an output with invalid UTF-8 sequences')
+
+
+def check_disk_limit(bus, store):
+    """disk_max: a task's snapshot may grow by that much (EDQUOT past it);
+    a sandbox's runs together."""
+    report = run_json(bus, '/bin/sh', '-c', f'head -c 4194304 /dev/urandom > {WORKDIR}/big || echo refused',
+                      expect=None)
+    t.check_equal(report['stdout'], '', 'a task writing 4 MiB without a disk limit')
+    r = d.cowbox(bus, '--json', 'run', '--disk-max', '1M', '--workdir', WORKDIR, 'base', '--', '/bin/sh', '-c',
+                 f'head -c 4194304 /dev/urandom > {WORKDIR}/big || echo refused', expect=None)
+    report = json.loads(r.out)
+    t.check('Disk quota exceeded' in report['stderr'] and report['stdout'] == 'refused\n',
+            f'a task writing 4 MiB under --disk-max 1M: {report}')
+    d.cowbox(bus, 'sandbox', 'create', 'limited', '--image', 'base', '--disk-max', '3M', '--', '/bin/true')
+    t.check_equal(store.show('sbx-limited')['quota_bytes'], store.show('base')['logical_bytes'] + 3 * MiB,
+                  'the quota of a sandbox made with --disk-max 3M')
+    d.cowbox(bus, 'sandbox', 'rm', 'limited')
 
 
 def refused(bus, method, *args, error='org.cowbox1.Error.InvalidJSON', what=''):
@@ -301,6 +319,7 @@ def run():
             check_nul_output(bus)
             check_output_characters(bus)
             check_task_options(bus)
+            check_disk_limit(bus, store)
             check_waiters_of_one_caller(bus)
             check_signals(bus)
             check_client_usage(bus, daemon)

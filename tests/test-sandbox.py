@@ -154,6 +154,20 @@ def check_limits(store):
     t.check(rep['timed_out'] and time.monotonic() - start < 20, f'a task past its time limit: {rep}')
 
 
+def check_disk_limit(store):
+    """--disk-max: the snapshot's files may grow by that much and no more
+    (EDQUOT), whatever the image holds."""
+    r, _ = run(store, '--disk-max', '2M', 'img', '--', '/probe', 'writeback', '/new', '4')
+    t.check_equal(r.out.strip(), 'writeback EDQUOT', 'a task writing 4 MiB under --disk-max 2M')
+    r, _ = run(store, '--disk-max', '8M', '--keep', '--name', 'limited', 'img', '--', '/probe', 'writeback',
+               '/new', '4')
+    t.check(r.out.startswith('writeback 4194304 '), f'a task writing 4 MiB under --disk-max 8M: {r.out}')
+    info = store.show('limited')
+    t.check_equal(info['quota_bytes'], store.show('img')['logical_bytes'] + 8 * MiB,
+                  'the quota of a snapshot run with --disk-max 8M')
+    store.delete('limited')
+
+
 def check_escapes(store):
     for args, want in ((['mount'], 'mount EPERM'), (['module'], 'module EPERM'),
                        (['unshare'], 'unshare EPERM'), (['ptrace', '1'], 'ptrace EPERM'),
@@ -371,6 +385,7 @@ def run_test():
         check_user_namespace(store)
         check_io(store)
         check_limits(store)
+        check_disk_limit(store)
         check_escapes(store)
         check_caller_killed(store)
         check_exit_and_signals(store, store.tmp)
