@@ -11,6 +11,7 @@
 #include "cleanup.h"
 #include "images.h"
 #include "manager.h"
+#include "string-util.h"
 
 /* The object's userdata is the manager; its name comes from the path. */
 int subvolume_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata,
@@ -21,8 +22,8 @@ int subvolume_object_find(sd_bus *bus, const char *path, const char *interface, 
         int r;
 
         r = api_subvolume_name_from_path(path, &name);
-        if (r <= 0 || !store_name_is_valid(name))
-                return 0;
+        if (r <= 0 || !store_name_is_valid(name) || startswith(name, IMAGE_RECEIVING_PREFIX))
+                return 0;       /* one being received is no object yet */
         r = store_subvolume_show(m->store, name, &info);
         store_subvolume_info_clear(&info);
         if (r < 0)
@@ -31,21 +32,24 @@ int subvolume_object_find(sd_bus *bus, const char *path, const char *interface, 
         return 1;
 }
 
+/* Names only: the space figures of every subvolume would open every
+ * layer of the store for a listing of paths. */
 int subvolume_node_enumerator(sd_bus *bus, const char *path, void *userdata, char ***nodes, sd_bus_error *error) {
+        _cleanup_strv_free_ char **names = NULL;
         Manager *m = userdata;
-        StoreSubvolumeInfo *infos = NULL;
         size_t n = 0, k = 0;
         char **list;
         int r;
 
-        r = store_subvolume_list(m->store, &infos, &n);
+        r = store_subvolume_names(m->store, &names);
         if (r < 0)
                 return r;
+        while (names[n])
+                n++;
         list = calloc(n + 1, sizeof *list);
         for (size_t i = 0; list && i < n; i++)
-                if (api_subvolume_path(infos[i].name, &list[k]) >= 0)
+                if (!startswith(names[i], IMAGE_RECEIVING_PREFIX) && api_subvolume_path(names[i], &list[k]) >= 0)
                         k++;
-        store_subvolume_info_array_free(infos, n);
         if (!list)
                 return -ENOMEM;
         *nodes = list;

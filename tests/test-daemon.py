@@ -237,6 +237,12 @@ def check_cancel_and_crash(bus, daemon, store):
     rows = table_rows(d.cowbox(bus, 'jobs').out, ['ID', 'TYPE', 'STATE', 'PROGRESS', 'TARGET'])
     t.check([str(jobs[0]['id']), 'receive', 'stuck'] in [r[:2] + r[-1:] for r in rows],
             f'the receive in the table of cowbox jobs: {rows}')
+    # The image being received is no object on the bus until it is one.
+    d.wait_for('the receive\'s temporary subvolume',
+               lambda: any(s['name'].startswith('.receiving-') for s in store.list()))
+    tree = d.run(bus, ['busctl', '--system', 'tree', '--list', 'org.cowbox1']).out
+    t.check('/org/cowbox1/subvolume/' in tree and '_2ereceiving' not in tree and '.receiving' not in tree,
+            f'the objects on the bus during a receive:\n{tree}')
     d.cowbox(bus, 'cancel', str(jobs[0]['id']))
     _, err = client.communicate(timeout=30)
     t.check(client.returncode == 1 and 'cancelled' in err,
