@@ -50,6 +50,7 @@
 #define API_ERROR_NO_SUCH_CHECKPOINT "org.cowbox1.Error.NoSuchCheckpoint"
 #define API_ERROR_NO_SUCH_SANDBOX    "org.cowbox1.Error.NoSuchSandbox"
 #define API_ERROR_STORE_FAILED       "org.cowbox1.Error.StoreFailed"
+#define API_ERROR_UNSAFE_MOUNT_POINT "org.cowbox1.Error.UnsafeMountPoint"
 
 extern const sd_bus_error_map api_error_map[];
 

@@ -438,9 +438,11 @@ static void print_workspace(json_t *v) {
         char a[32];
 
         printf("Name:        %s\n", str(v, "name"));
-        printf("State:       %s%s%s\n", str(v, "state"), json_is_true(json_object_get(v, "full")) ? ", full" : "",
+        printf("State:       %s%s%s%s\n", str(v, "state"), json_is_true(json_object_get(v, "full")) ? ", full" : "",
                json_is_true(json_object_get(v, "warning")) && !json_is_true(json_object_get(v, "full"))
-                       ? ", near its limit" : "");
+                       ? ", near its limit" : "",
+               json_is_true(json_object_get(v, "unsafe_mount_point"))
+                       ? " (its mount point is not a plain directory of root or its owner)" : "");
         printf("Path:        %s\n", str(v, "path"));
         printf("Owner:       %s (%" PRIu64 ")\n", str(v, "owner_name"), num(v, "owner"));
         printf("Image:       %s\n", str(v, "image"));

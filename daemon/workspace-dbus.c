@@ -48,6 +48,14 @@ static void signal_subvolume(Manager *m, const char *name, const char *label, bo
                 (void) manager_signal_subvolume(m, subvolume, added);
 }
 
+/* A mount refused: the workspace stays unmounted until its mount point is
+ * safe again, when the watch mounts it. */
+static int unsafe_mount_point_error(const Workspace *ws, sd_bus_error *error) {
+        return sd_bus_error_setf(error, API_ERROR_UNSAFE_MOUNT_POINT, "Workspace '%s' is not mounted: %s must be "
+                                 "a directory of root or of its owner, with no symbolic link on its way. Make it "
+                                 "one again; the workspace is mounted there within seconds.", ws->name, ws->path);
+}
+
 static Workspace *find(Manager *m, const char *name, sd_bus_error *error) {
         Workspace *ws = workspace_name_is_valid(name) ? workspace_find(&m->workspaces, name) : NULL;
 
@@ -141,6 +149,10 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
 
         r = workspace_create(&m->workspaces, m->store, m->store_path, name, image, uid, gid,
                              api_option_uint(opts, "limit", 0), resolved);
+        if (r == -ELOOP)
+                return sd_bus_error_setf(error, API_ERROR_UNSAFE_MOUNT_POINT, "The mount point of workspace '%s' "
+                                         "must be a directory of root or of its owner, with no symbolic link "
+                                         "on its way; nothing was made.", name);
         if (r == -EROFS)
                 return sd_bus_error_setf(error, API_ERROR_NOT_READ_ONLY, "'%s' is not a read-only image.", image);
         if (r == -ENOENT)
@@ -269,6 +281,8 @@ int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_err
         if (r < 0)
                 return r;
         r = workspace_restore(&m->workspaces, m->store, m->store_path, name, label);
+        if (r == -ELOOP)
+                return unsafe_mount_point_error(ws, error);
         return r < 0 ? workspace_error(r, name, error) : sd_bus_reply_method_return(message, NULL);
 }
 

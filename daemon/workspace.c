@@ -330,6 +330,7 @@ _noreturn_
 static void mount_server(const Workspace *ws, const char *store_path, const char *subvolume, int ready_fd) {
         StoreMountOptions opts = {
                 .ready_fd = 3,
+                .nofollow = true,
                 .map_root = ws->owner != 0,
                 .root_uid = ws->owner,
                 .root_gid = ws->group,
@@ -355,7 +356,44 @@ static int wait_ready(int fd) {
         return k > 0 && buf[0] == '1' ? 0 : -EIO;
 }
 
-int workspace_mount(const Workspace *ws, Store *s, const char *store_path) {
+/* The mount point is checked again before every mount, not only when the
+ * workspace was made: its owner may change the directory it lies in, and
+ * while it is not mounted (during a restore, across a restart) could swap
+ * it, or a directory above it, for a symbolic link to a directory of
+ * theirs or of the system. It must be reached through directories only,
+ * and be a directory of root (we made it) or of the owner; -ELOOP if not.
+ * Made if missing, in the directory checked. The server then walks the
+ * path the same way and mounts on what it opened. */
+static int check_mount_point(const Workspace *ws) {
+        _cleanup_free_ char *parent = NULL;
+        _cleanup_close_ int parent_fd = -EBADF, fd = -EBADF;
+        const char *base = strrchr(ws->path, '/');
+        struct stat st;
+
+        if (ws->path[0] != '/' || !base || !base[1])
+                return -ELOOP;
+        parent = strndup(ws->path, MAX((size_t) (base - ws->path), (size_t) 1));
+        if (!parent)
+                return -ENOMEM;
+        base++;
+        parent_fd = open_dir_nofollow(parent);
+        if (parent_fd == -ENOTDIR || parent_fd == -ELOOP)
+                return -ELOOP;
+        if (parent_fd < 0)
+                return parent_fd;
+        if (mkdirat(parent_fd, base, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        fd = openat(parent_fd, base, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOTDIR || errno == ELOOP ? -ELOOP : -errno;
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        if (st.st_uid != 0 && st.st_uid != ws->owner)
+                return -ELOOP;
+        return 0;
+}
+
+int workspace_mount(Workspace *ws, Store *s, const char *store_path) {
         _cleanup_free_ char *subvolume = NULL;
         _cleanup_close_ int rfd = -EBADF;
         int fds[2], status, r;
@@ -365,13 +403,14 @@ int workspace_mount(const Workspace *ws, Store *s, const char *store_path) {
                 if (workspace_server(ws, s) == WORKSPACE_SERVED)
                         return 0;
                 /* Its server is gone: clear the dead mount, serve it anew. */
-                (void) umount2(ws->path, MNT_DETACH);
+                (void) umount2(ws->path, MNT_DETACH | UMOUNT_NOFOLLOW);
         }
         r = workspace_subvolume(ws->name, NULL, &subvolume);
         if (r < 0)
                 return r;
-        if (mkdir(ws->path, 0755) < 0 && errno != EEXIST)
-                return -errno;
+        r = ws->mount_error = check_mount_point(ws);
+        if (r < 0)
+                return r;
         if (pipe2(fds, O_CLOEXEC) < 0)
                 return -errno;
         rfd = fds[0];
@@ -666,7 +705,7 @@ json_t *workspace_to_json(const Workspace *ws, Store *s) {
         if (workspace_subvolume(ws->name, NULL, &subvolume) < 0)
                 return NULL;
         (void) store_subvolume_show(s, subvolume, &info);
-        doc = json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:b}",
+        doc = json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:b, s:b, s:b, s:b}",
                         "name", ws->name,
                         "state", workspace_server(ws, s) == WORKSPACE_SERVED ? "mounted" : "unmounted",
                         "path", ws->path,
@@ -680,7 +719,8 @@ json_t *workspace_to_json(const Workspace *ws, Store *s) {
                         "created_usec", (json_int_t) ws->created_usec,
                         "warning", ws->warned,
                         "full", ws->full,
-                        "disk_full", ws->disk_full);
+                        "disk_full", ws->disk_full,
+                        "unsafe_mount_point", ws->mount_error == -ELOOP);
         store_subvolume_info_clear(&info);
         return doc;
 }

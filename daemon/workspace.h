@@ -40,6 +40,8 @@ typedef struct Workspace {
         bool warned;            /* past the warning mark, signalled */
         bool full;              /* at the limit, signalled */
         bool disk_full;         /* the disk under the store is full, signalled */
+        int mount_error;        /* why the last mount was refused: -ELOOP
+                                 * for an unsafe mount point; 0 if it was not */
         struct Workspace *next;
 } Workspace;
 
@@ -77,8 +79,10 @@ int workspace_create(Workspaces *w, Store *s, const char *store_path, const char
                      uid_t owner, gid_t group, uint64_t limit, const char *path);
 
 /* Mounts a workspace unless it is mounted already; a dead mount (its
- * server gone) is cleaned up first. */
-int workspace_mount(const Workspace *ws, Store *s, const char *store_path);
+ * server gone) is cleaned up first. -ELOOP if its mount point is no longer
+ * a directory of root or its owner reached through directories only (a
+ * symbolic link swapped in): nothing is mounted then. */
+int workspace_mount(Workspace *ws, Store *s, const char *store_path);
 int workspace_unmount(const Workspace *ws, Store *s);
 bool workspace_is_mounted(const Workspace *ws);
 

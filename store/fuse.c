@@ -66,6 +66,7 @@
 #include <unistd.h>
 
 #include "cleanup.h"
+#include "fd-util.h"
 #include "fuse-loop.h"
 #include "mutex-util.h"
 #include "store.h"
@@ -1257,10 +1258,11 @@ static void raise_read_ahead(const char *mountpoint) {
                 (void) dprintf(fd, "%u\n", READ_AHEAD_BYTES / 1024);
 }
 
-/* Mounts and serves until unmounted or told to stop. libfuse's own
- * failures say no more than that they failed: -EIO. */
-static int serve(Store *s, const char *name, const char *mountpoint, const StoreMountOptions *opts,
-                 pid_t *ret_holder) {
+/* Mounts at mount_at (mountpoint, or a name of the same directory) and
+ * serves until unmounted or told to stop. libfuse's own failures say no
+ * more than that they failed: -EIO. */
+static int serve(Store *s, const char *name, const char *mountpoint, const char *mount_at,
+                 const StoreMountOptions *opts, pid_t *ret_holder) {
         _cleanup_(server_done) Server srv = {
                 .inodes.lock = PTHREAD_MUTEX_INITIALIZER,
                 .listings.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -1286,7 +1288,7 @@ static int serve(Store *s, const char *name, const char *mountpoint, const Store
                 r = -EIO;
                 goto destroy;
         }
-        if (fuse_session_mount(se, mountpoint) < 0) {
+        if (fuse_session_mount(se, mount_at) < 0) {
                 r = -EIO;
                 goto remove_handlers;
         }
@@ -1312,35 +1314,37 @@ destroy:
         return r;
 }
 
-static int check_mountpoint(const char *path) {
-        struct stat st;
-
-        if (stat(path, &st) < 0)
-                return -errno;
-        if (!S_ISDIR(st.st_mode))
-                return -ENOTDIR;
-        return 0;
-}
-
 /* ready_fd is closed once mounted, and left to the caller if the mount
  * fails. */
 int store_mount(Store *s, const char *name, const char *mountpoint,
                 const StoreMountOptions *opts, pid_t *ret_holder) {
         _cleanup_free_ char *path = NULL;
-        int r;
+        _cleanup_close_ int fd = -EBADF;
+        char via_fd[64];
 
         if (!s || !opts || !mountpoint || !name || !store_name_is_valid(name))
                 return -EINVAL;
         if (ret_holder)
                 *ret_holder = 0;
-        r = check_mountpoint(mountpoint);
-        if (r < 0)
-                return r;
         /* The server opens its mount again before each snapshot, when a
          * background server has long left the caller's directory. */
-        path = realpath(mountpoint, NULL);
+        if (opts->nofollow)
+                path = mountpoint[0] == '/' ? strdup(mountpoint) : NULL;
+        else
+                path = realpath(mountpoint, NULL);
         if (!path)
-                return -errno;
+                return opts->nofollow && mountpoint[0] != '/' ? -EINVAL : -errno;
 
-        return serve(s, name, path, opts, ret_holder);
+        /* The mount goes on the directory opened here, through its
+         * descriptor: a symbolic link swapped in after this cannot move it
+         * elsewhere (mount(2) of a path would follow it). Only root mounts
+         * itself; fusermount3, which mounts for others, checks the path on
+         * its own. The descriptor stays open while we serve: libfuse
+         * unmounts through the same name when told to stop. */
+        fd = open_dir_nofollow(path);
+        if (fd < 0)
+                return fd;
+        snprintf(via_fd, sizeof via_fd, "/proc/self/fd/%d", fd);
+
+        return serve(s, name, path, geteuid() == 0 ? via_fd : path, opts, ret_holder);
 }

@@ -270,6 +270,9 @@ typedef struct StoreMountOptions {
         bool debug;             /* libfuse debug output */
         unsigned max_threads;   /* 0: default */
         int ready_fd;           /* if >= 0: written "1\n" and closed once mounted */
+        bool nofollow;          /* the mount point is an absolute path of
+                                 * directories only: a symbolic link on its
+                                 * way is refused, not followed */
 
         /* Files owned by root (uid or gid 0) appear owned by root_uid and
          * root_gid: a developer's workspace of an image that root made is

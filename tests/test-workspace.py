@@ -246,6 +246,79 @@ def check_misuse(dev, other):
                 d.cowbox(bus, 'workspace', 'rm', name)
 
 
+def check_swapped_mount_point(dev):
+    """A workspace's owner controls the directory its mount point lies in,
+    and may swap the mount point, or a directory above it, for a symbolic
+    link while it is not mounted: across a restart of the daemon and
+    during a restore. The daemon then mounts nothing at all, least of all
+    over the link's target, says why, and mounts the workspace again once
+    its mount point is a plain directory."""
+    with t.Store('workspace-swap') as store:
+        make_image(store)
+        home = store.new_dir('home')
+        os.makedirs(os.path.join(home, 'sub', 'src'))
+        for p in (home, os.path.join(home, 'sub'), os.path.join(home, 'sub', 'src')):
+            os.chown(p, dev[0], dev[1])
+        os.chmod(store.tmp, 0o755)
+        path = os.path.join(home, 'sub', 'src')
+        # What a link would lead to: a directory of root's, with a file.
+        victim = store.new_dir('victim')
+        os.mkdir(os.path.join(victim, 'src'))
+        t.write_file(os.path.join(victim, 'src', 'file'), b'root\'s\n')
+        t.write_file(os.path.join(victim, 'file'), b'root\'s\n')
+
+        def unmounted_by_restart(daemon):
+            daemon.stop()
+            subprocess.run(['umount', path], check=True)
+            d.wait_for('the server to let go', lambda: store.show('workspace-swap')['mounted_by'] == 0)
+
+        def check_refused(bus, what, target):
+            t.check(not os.path.ismount(target), f'{what}: {target} was mounted over')
+            t.check_equal(t.read_file(os.path.join(target, 'file')), b"root's\n", f'{what}: the file under {target}')
+            shown = d.gdbus_json(bus, 'GetWorkspace', 'swap')
+            t.check(shown['state'] == 'unmounted' and shown['unsafe_mount_point'],
+                    f'{what}: GetWorkspace of a workspace with a link for its mount point: {shown}')
+            out = d.cowbox(bus, 'workspace', 'show', 'swap', user=dev).out
+            t.check('mount point is not a plain directory' in out, f'{what}: cowbox workspace show:\n{out}')
+
+        with d.bus_and_daemon(store) as (bus, daemon):
+            d.cowbox(bus, 'workspace', 'create', 'swap', '--image', 'src-main', '--owner', 'cowbox-test-dev',
+                     '--path', path)
+            d.cowbox(bus, 'workspace', 'checkpoint', 'swap', 'good', user=dev)
+
+            # The mount point itself, swapped across a restart.
+            unmounted_by_restart(daemon)
+            as_user(bus, dev, 'sh', '-c', f'rmdir {path} && ln -s {victim} {path}')
+            daemon.start()
+            time.sleep(2.5)     # one round of the daemon's watch too
+            check_refused(bus, 'a link for the mount point after a restart', victim)
+
+            # A restore mounts nothing either, and says why.
+            r = d.cowbox(bus, 'workspace', 'restore', 'swap', 'good', user=dev, expect=1)
+            t.check('symbolic link' in r.err and path in r.err, f'a restore onto a link:\n{r.err}')
+            r = d.gdbus_call(bus, 'RestoreWorkspace', 'swap', 'good', expect='fail')
+            t.check_equal(d.error_name(r), 'org.cowbox1.Error.UnsafeMountPoint', 'the error of a restore onto a link')
+            check_refused(bus, 'a link for the mount point after a restore', victim)
+
+            # A plain directory again: served within seconds.
+            as_user(bus, dev, 'sh', '-c', f'rm {path} && mkdir {path}')
+            d.wait_for('the workspace mounted again', lambda: os.path.exists(os.path.join(path, 'README')))
+            t.check(not d.gdbus_json(bus, 'GetWorkspace', 'swap')['unsafe_mount_point'],
+                    'a workspace mounted again still said its mount point was unsafe')
+
+            # A directory above it swapped: the link leads to a directory
+            # that holds a 'src' of root's.
+            unmounted_by_restart(daemon)
+            sub = os.path.join(home, 'sub')
+            as_user(bus, dev, 'sh', '-c', f'mv {sub} {home}/old && ln -s {victim} {sub}')
+            daemon.start()
+            time.sleep(2.5)
+            check_refused(bus, 'a link above the mount point after a restart', os.path.join(victim, 'src'))
+            as_user(bus, dev, 'sh', '-c', f'rm {sub} && mv {home}/old {sub}')
+            d.wait_for('the workspace mounted again', lambda: os.path.exists(os.path.join(path, 'README')))
+            d.cowbox(bus, 'workspace', 'rm', 'swap')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -350,6 +423,7 @@ def run():
             left = [n for n in store.names() if n.startswith('workspace-')]
             t.check_equal(left, [], 'subvolumes of the workspace after rm')
     check_misuse(dev, other)
+    check_swapped_mount_point(dev)
     check_disk_full()
 
 
