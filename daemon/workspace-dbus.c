@@ -140,7 +140,7 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
         if (path) {
                 const char *reason = NULL;
 
-                r = workspace_check_path(&m->workspaces, m->store_path, path, &resolved, &reason);
+                r = workspace_check_path(&m->workspaces, m->store_path, name, path, &resolved, &reason);
                 if (r == -EINVAL)
                         return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"path\" %s.", reason);
                 if (r < 0)
@@ -149,6 +149,10 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
 
         r = workspace_create(&m->workspaces, m->store, m->store_path, name, image, uid, gid,
                              api_option_uint(opts, "limit", 0), resolved);
+        if (r == -EADDRINUSE)
+                return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Workspace '%s' would be mounted where "
+                                         "another workspace is, or in or around one; give it another "
+                                         "\"path\".", name);
         if (r == -ELOOP)
                 return sd_bus_error_setf(error, API_ERROR_UNSAFE_MOUNT_POINT, "The mount point of workspace '%s' "
                                          "must be a directory of root or of its owner, with no symbolic link "

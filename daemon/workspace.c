@@ -238,6 +238,15 @@ static bool path_is_within(const char *path, const char *dir) {
         return strncmp(path, dir, n) == 0 && (path[n] == 0 || path[n] == '/');
 }
 
+/* Whether path is another workspace's mount point, or lies in or around
+ * one: two mounts there would replace each other's. */
+bool workspace_path_is_taken(const Workspaces *w, const char *path) {
+        for (const Workspace *ws = w->list; ws; ws = ws->next)
+                if (path_is_within(path, ws->path) || path_is_within(ws->path, path))
+                        return true;
+        return false;
+}
+
 static bool path_components_are_plain(const char *path) {
         for (const char *p = path + 1;;) {
                 size_t n = strcspn(p, "/");
@@ -262,9 +271,10 @@ static bool dir_is_empty(const char *path) {
         return true;
 }
 
-int workspace_check_path(const Workspaces *w, const char *store_path, const char *path, char **ret,
-                         const char **ret_reason) {
-        _cleanup_free_ char *parent = NULL, *real_parent = NULL, *store = NULL, *resolved = NULL;
+int workspace_check_path(const Workspaces *w, const char *store_path, const char *name, const char *path,
+                         char **ret, const char **ret_reason) {
+        _cleanup_free_ char *parent = NULL, *real_parent = NULL, *store = NULL, *resolved = NULL, *defaults = NULL,
+                *own = NULL;
         const char *base;
         struct stat st;
 
@@ -303,11 +313,20 @@ int workspace_check_path(const Workspaces *w, const char *store_path, const char
                         return -EINVAL;
                 }
         }
-        for (const Workspace *ws = w->list; ws; ws = ws->next)
-                if (path_is_within(resolved, ws->path) || path_is_within(ws->path, resolved)) {
-                        *ret_reason = "must lie outside every other workspace";
-                        return -EINVAL;
-                }
+        if (workspace_path_is_taken(w, resolved)) {
+                *ret_reason = "must lie outside every other workspace";
+                return -EINVAL;
+        }
+        /* In the default directory, a workspace may only take its own
+         * default place: any other is another workspace's default, now or
+         * when one of that name is made, or the daemon's own files. */
+        if (asprintf(&defaults, "%s-workspaces", store) < 0 || asprintf(&own, "%s/%s", defaults, name) < 0)
+                return -ENOMEM;
+        if (path_is_within(resolved, defaults) && !streq(resolved, own)) {
+                *ret_reason = "may lie in the default directory of workspaces only as the workspace's own, "
+                              "where it goes without a path";
+                return -EINVAL;
+        }
         if (path_is_mount_point(resolved)) {
                 *ret_reason = "is a mount point already";
                 return -EINVAL;
@@ -533,6 +552,12 @@ int workspace_create(Workspaces *w, Store *s, const char *store_path, const char
         if (!ws->name || !ws->image || !ws->path) {
                 workspace_free(ws);
                 return -ENOMEM;
+        }
+        /* Also the default place: another workspace may have been given
+         * it, or a path around it, before that was refused. */
+        if (workspace_path_is_taken(w, ws->path)) {
+                workspace_free(ws);
+                return -EADDRINUSE;
         }
 
         r = store_subvolume_snapshot(s, image, subvolume, false);

@@ -65,16 +65,19 @@ bool workspace_name_is_valid(const char *name);
 /* The workspace's subvolume name ("workspace-NAME"), or its checkpoint's. */
 int workspace_subvolume(const char *name, const char *label, char **ret);
 
-/* Checks a mount point asked for a new workspace and resolves its
+/* Checks a mount point asked for new workspace NAME and resolves its
  * parent's symbolic links: it must be absolute, of plain components,
  * under an existing directory, an empty directory or nothing yet, no mount
- * point, and neither inside nor around the store, its directories or
- * another workspace. -EINVAL with *ret_reason saying why otherwise. */
-int workspace_check_path(const Workspaces *w, const char *store_path, const char *path, char **ret,
-                         const char **ret_reason);
+ * point, neither inside nor around the store, its directories or another
+ * workspace, and in the default directory of workspaces only NAME's own
+ * default. -EINVAL with *ret_reason saying why otherwise. */
+int workspace_check_path(const Workspaces *w, const char *store_path, const char *name, const char *path,
+                         char **ret, const char **ret_reason);
+bool workspace_path_is_taken(const Workspaces *w, const char *path);
 
 /* Creates the subvolume, gives its root to the owner, sets the limit,
- * mounts it and adds it to the list (saved). */
+ * mounts it and adds it to the list (saved). -EADDRINUSE if its mount point
+ * is another workspace's, or lies in or around one. */
 int workspace_create(Workspaces *w, Store *s, const char *store_path, const char *name, const char *image,
                      uid_t owner, gid_t group, uint64_t limit, const char *path);
 

@@ -150,9 +150,9 @@ def check_misuse(dev, other):
     with t.Store('workspace-misuse') as store:
         make_image(store)
         with d.bus_and_daemon(store, policy='open') as (bus, daemon):
-            def create(name, *opts):
+            def create(name, *opts, expect=0):
                 return d.cowbox(bus, '--json', 'workspace', 'create', name, '--image', 'src-main',
-                                '--owner', 'cowbox-test-dev', *opts)
+                                '--owner', 'cowbox-test-dev', *opts, expect=expect)
 
             path = json.loads(create('dev').out)['path']
             twin_path = json.loads(create('dev.restoring').out)['path']
@@ -167,6 +167,9 @@ def check_misuse(dev, other):
                              (os.path.dirname(store.path), 'outside the store'),
                              (path, 'outside every other workspace'), (path + '/sub', 'outside every other workspace'),
                              (os.path.dirname(path), 'outside the store'),
+                             # Another workspace's default place, or the daemon's files.
+                             (os.path.join(os.path.dirname(path), 'wb'), "as the workspace's own"),
+                             (os.path.join(os.path.dirname(path), '.workspaces.json.tmp'), "as the workspace's own"),
                              (scratch + '/inner/..', "'..'"), (scratch + '//x', "'//'"), (scratch + '/x/', "'/'"),
                              ('/nonexistent-dir/sub', 'a directory that exists'),
                              (full, 'not an empty directory'), (scratch + '/link', 'not an empty directory'),
@@ -180,6 +183,15 @@ def check_misuse(dev, other):
             create('custom', '--path', scratch + '/custom')
             t.check(os.path.ismount(scratch + '/custom'), 'a workspace at a path of its own')
             d.cowbox(bus, 'workspace', 'rm', 'custom')
+            # One workspace may not take another's default place; its own it may.
+            r = create('wa', '--path', os.path.join(os.path.dirname(path), 'wb'), expect=1)
+            t.check("as the workspace's own" in r.err, f'a workspace at the default place of another:\n{r.err}')
+            wb = json.loads(create('wb').out)['path']
+            t.check(os.path.ismount(wb), 'a workspace at its default place, given to none other')
+            own = json.loads(create('own', '--path', os.path.join(os.path.dirname(path), 'own')).out)['path']
+            t.check(os.path.ismount(own), 'a workspace given its own default place as its path')
+            for name in ('wb', 'own'):
+                d.cowbox(bus, 'workspace', 'rm', name)
 
             # A restore of dev leaves dev.restoring alone.
             d.cowbox(bus, 'workspace', 'checkpoint', 'dev', 'good')
