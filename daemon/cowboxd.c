@@ -121,7 +121,7 @@ int main(int argc, char *argv[]) {
                 manager_free(m);
                 return EXIT_FAILURE;
         }
-        fprintf(stderr, "cowboxd: serving the store at %s as " API_SERVICE "\n", store);
+        fprintf(stderr, "cowboxd: serving the store at %s as " API_SERVICE "\n", m->store_path);
         r = manager_run(m);
         manager_free(m);
         if (r < 0) {

@@ -23,12 +23,16 @@ int manager_new(const char *store_path, Manager **ret) {
                 return -ENOMEM;
         m->low_mark = 10;
         m->high_mark = 20;
-        m->store_path = strdup(store_path);
+        /* Absolute, whatever the caller's directory: workspaces' mount
+         * points are made from it and looked up in the kernel's mount
+         * table, and servers and workers open it from other directories. */
+        m->store_path = realpath(store_path, NULL);
         if (!m->store_path) {
+                r = -errno;
                 free(m);
-                return -ENOMEM;
+                return r;
         }
-        r = store_open(store_path, &m->store);
+        r = store_open(m->store_path, &m->store);
         if (r < 0) {
                 manager_free(m);
                 return r;

@@ -331,6 +331,33 @@ def check_swapped_mount_point(dev):
             d.cowbox(bus, 'workspace', 'rm', 'swap')
 
 
+def check_relative_store(dev):
+    """A daemon started with a relative --store: the store's path is made
+    absolute, so that its workspaces' mount points are absolute, found
+    in the kernel's mount table, and removed."""
+    with t.Store('workspace-relative') as store:
+        make_image(store)
+        absolute = store.path
+        bus = d.Bus(store)
+        daemon = d.Daemon(store, bus)
+        store.path = os.path.relpath(absolute)
+        try:
+            daemon.start()
+            shown = json.loads(d.cowbox(bus, '--json', 'workspace', 'create', 'rel', '--image', 'src-main',
+                                        '--owner', 'cowbox-test-dev').out)
+            path = os.path.join(absolute + '-workspaces', 'rel')
+            t.check_equal((shown['path'], shown['state']), (path, 'mounted'), 'a workspace of a relative --store')
+            t.check(os.path.ismount(path), f'{path} is not mounted')
+            d.cowbox(bus, 'workspace', 'checkpoint', 'rel', 'good', user=dev)
+            d.cowbox(bus, 'workspace', 'restore', 'rel', 'good', user=dev)
+            d.cowbox(bus, 'workspace', 'rm', 'rel')
+            t.check(not os.path.ismount(path), f'{path} is still mounted after rm')
+        finally:
+            daemon.stop()
+            bus.stop()
+            store.path = absolute
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -436,6 +463,7 @@ def run():
             t.check_equal(left, [], 'subvolumes of the workspace after rm')
     check_misuse(dev, other)
     check_swapped_mount_point(dev)
+    check_relative_store(dev)
     check_disk_full()
 
 
