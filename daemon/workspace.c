@@ -632,6 +632,8 @@ int workspace_remove(Workspaces *w, Store *s, const char *name) {
                 r = workspace_unmount(ws, s);
         if (r < 0)
                 return r;
+        /* Deleted before the list is saved: on a full disk, the deletion
+         * is what makes room for the save. */
         r = store_subvolume_delete(s, subvolume, NULL);
         if (r < 0 && r != -ENOENT)
                 return r;
@@ -640,19 +642,28 @@ int workspace_remove(Workspaces *w, Store *s, const char *name) {
                         (void) store_subvolume_delete(s, checkpoints[i].name, NULL);
                 store_subvolume_info_array_free(checkpoints, n);
         }
-        (void) rmdir(ws->path);
         for (Workspace **p = &w->list; *p; p = &(*p)->next)
                 if (*p == ws) {
                         *p = ws->next;
                         break;
                 }
+        /* Listed, as on disk, until the list without it is saved: a
+         * removal that answered an error can be asked for again. */
+        r = workspaces_save(w);
+        if (r < 0) {
+                ws->next = w->list;
+                w->list = ws;
+                return r;
+        }
+        (void) rmdir(ws->path);
         workspace_free(ws);
-        return workspaces_save(w);
+        return 0;
 }
 
 int workspace_set_limit(Workspaces *w, Store *s, const char *name, uint64_t limit) {
         _cleanup_free_ char *subvolume = NULL;
         Workspace *ws = workspace_find(w, name);
+        uint64_t old;
         int r;
 
         if (!ws)
@@ -662,9 +673,17 @@ int workspace_set_limit(Workspaces *w, Store *s, const char *name, uint64_t limi
                 r = store_subvolume_set_quota(s, subvolume, limit);
         if (r < 0)
                 return r;
+        old = ws->limit;
         ws->limit = limit;
+        r = workspaces_save(w);
+        if (r < 0) {
+                /* All or nothing: the limit is the saved one again. */
+                ws->limit = old;
+                (void) store_subvolume_set_quota(s, subvolume, old);
+                return r;
+        }
         ws->warned = ws->full = false;
-        return workspaces_save(w);
+        return 0;
 }
 
 int workspace_checkpoint(Workspaces *w, Store *s, const char *name, const char *label) {

@@ -100,6 +100,8 @@ typedef enum WorkspaceServer {
 
 WorkspaceServer workspace_server(const Workspace *ws, Store *s);
 
+/* Unmounts it, deletes its subvolume and checkpoints, and saves the list
+ * without it; it stays listed if that save fails. */
 int workspace_remove(Workspaces *w, Store *s, const char *name);
 int workspace_set_limit(Workspaces *w, Store *s, const char *name, uint64_t limit);
 int workspace_checkpoint(Workspaces *w, Store *s, const char *name, const char *label);

@@ -254,8 +254,35 @@ def check_misuse(dev, other):
             time.sleep(2.5)     # one round of the daemon's watch
             shown = d.gdbus_json(bus, 'GetWorkspace', 'free')
             t.check(not shown['warning'] and not shown['full'], f'a workspace with a huge limit: {shown}')
+
+            # The list cannot be saved (its temporary file's name taken):
+            # a call that answers an error changes nothing.
+            blocker = os.path.join(store.path + '-workspaces', '.workspaces.json.tmp')
+            os.mkdir(blocker)
+            d.gdbus_call(bus, 'SetWorkspaceLimit', 'free', str(32 << 20), expect='fail')
+            t.check_equal(d.gdbus_json(bus, 'GetWorkspace', 'free')['limit_bytes'], 204963823041217241,
+                          'the limit after a SetWorkspaceLimit that failed')
+            t.check_equal(store.show('workspace-free')['quota_bytes'], 204963823041217241,
+                          'the quota after a SetWorkspaceLimit that failed')
+            os.rmdir(blocker)
+            d.gdbus_call(bus, 'SetWorkspaceLimit', 'free', str(32 << 20))
+            t.check_equal(store.show('workspace-free')['quota_bytes'], 32 << 20, 'the quota after SetWorkspaceLimit')
+            daemon.stop()
+            daemon.start()
+            t.check_equal(d.gdbus_json(bus, 'GetWorkspace', 'free')['limit_bytes'], 32 << 20,
+                          'the limit after a restart')
+            # A removal whose save failed leaves the workspace listed, as
+            # on disk, and is asked for again.
+            os.mkdir(blocker)
+            d.gdbus_call(bus, 'RemoveWorkspace', 'free', expect='fail')
+            t.check_equal(workspace_names(bus), ['dev', 'dev.restoring', 'free'],
+                          'the workspaces after a RemoveWorkspace that failed')
+            os.rmdir(blocker)
             for name in ('dev', 'dev.restoring', 'free'):
                 d.cowbox(bus, 'workspace', 'rm', name)
+            daemon.stop()
+            daemon.start()
+            t.check_equal(workspace_names(bus), [], 'the workspaces after their removal and a restart')
 
 
 def check_swapped_mount_point(dev):
