@@ -165,6 +165,8 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
                 return workspace_error(r, name, error);
         signal_subvolume(m, name, NULL, true);
         doc = workspace_to_json(workspace_find(&m->workspaces, name), m->store);
+        if (!doc)
+                return -ENOMEM;
         return api_reply_json(message, doc);
 }
 
@@ -172,8 +174,11 @@ int method_list_workspaces(sd_bus_message *message, void *userdata, sd_bus_error
         _cleanup_json_ json_t *array = json_array();
         Manager *m = userdata;
 
+        if (!array)
+                return -ENOMEM;
         for (Workspace *ws = m->workspaces.list; ws; ws = ws->next)
-                json_array_append_new(array, workspace_to_json(ws, m->store));
+                if (json_array_append_new(array, workspace_to_json(ws, m->store)) < 0)
+                        return -ENOMEM;
         return api_reply_json(message, array);
 }
 
@@ -191,6 +196,8 @@ int method_get_workspace(sd_bus_message *message, void *userdata, sd_bus_error *
         if (!ws)
                 return -EINVAL;
         doc = workspace_to_json(ws, m->store);
+        if (!doc)
+                return -ENOMEM;
         return api_reply_json(message, doc);
 }
 

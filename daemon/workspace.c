@@ -157,13 +157,19 @@ int workspaces_save(const Workspaces *w) {
         json_t *array = json_array(), *doc;
         int r;
 
+        if (!array)
+                return -ENOMEM;
+        /* A workspace left out would be forgotten at the next start. */
         for (Workspace *ws = w->list; ws; ws = ws->next)
-                json_array_append_new(array, json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I}",
-                                                       "name", ws->name, "image", ws->image, "path", ws->path,
-                                                       "owner", (json_int_t) ws->owner,
-                                                       "group", (json_int_t) ws->group,
-                                                       "limit", (json_int_t) ws->limit,
-                                                       "created_usec", (json_int_t) ws->created_usec));
+                if (json_array_append_new(array, json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I}",
+                                                           "name", ws->name, "image", ws->image, "path", ws->path,
+                                                           "owner", (json_int_t) ws->owner,
+                                                           "group", (json_int_t) ws->group,
+                                                           "limit", (json_int_t) ws->limit,
+                                                           "created_usec", (json_int_t) ws->created_usec)) < 0) {
+                        json_decref(array);
+                        return -EINVAL;
+                }
         doc = json_pack("{s:o}", "workspaces", array);
         if (!doc)
                 return -ENOMEM;
@@ -276,6 +282,7 @@ int workspace_check_path(const Workspaces *w, const char *store_path, const char
         _cleanup_free_ char *parent = NULL, *real_parent = NULL, *store = NULL, *resolved = NULL, *defaults = NULL,
                 *own = NULL;
         const char *base;
+        json_t *valid;
         struct stat st;
 
         if (path[0] != '/' || strlen(path) > 1024 || streq(path, "/")) {
@@ -297,6 +304,13 @@ int workspace_check_path(const Workspaces *w, const char *store_path, const char
         }
         if (asprintf(&resolved, "%s%s%s", real_parent, streq(real_parent, "/") ? "" : "/", base) < 0)
                 return -ENOMEM;
+        /* The list on disk and every answer are JSON: UTF-8 only. */
+        valid = json_string(resolved);
+        if (!valid) {
+                *ret_reason = "must resolve to a name that is valid UTF-8";
+                return -EINVAL;
+        }
+        json_decref(valid);
         store = realpath(store_path, NULL);
         if (!store)
                 return -errno;

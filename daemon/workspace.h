@@ -107,5 +107,6 @@ int workspace_set_limit(Workspaces *w, Store *s, const char *name, uint64_t limi
 int workspace_checkpoint(Workspaces *w, Store *s, const char *name, const char *label);
 int workspace_restore(Workspaces *w, Store *s, const char *store_path, const char *name, const char *label);
 
+/* NULL if it cannot be made: no memory, or a name that is not UTF-8. */
 json_t *workspace_to_json(const Workspace *ws, Store *s);
 int workspace_checkpoints_json(const Workspace *ws, Store *s, json_t **ret);

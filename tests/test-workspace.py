@@ -163,6 +163,10 @@ def check_misuse(dev, other):
             full = store.new_dir('full')
             t.write_file(os.path.join(full, 'file'), b'x')
             os.symlink(store.new_dir('target'), os.path.join(scratch, 'link'))
+            # A name given in UTF-8 that resolves to one that is not.
+            latin1 = os.fsencode(scratch) + b'/caf\xe9'
+            os.mkdir(latin1)
+            os.symlink(b'caf\xe9', os.path.join(scratch, 'cafe'))
             for bad, why in ((store.path, 'outside the store'), (os.path.join(store.path, 'x'), 'outside the store'),
                              (os.path.dirname(store.path), 'outside the store'),
                              (path, 'outside every other workspace'), (path + '/sub', 'outside every other workspace'),
@@ -173,6 +177,7 @@ def check_misuse(dev, other):
                              (scratch + '/inner/..', "'..'"), (scratch + '//x', "'//'"), (scratch + '/x/', "'/'"),
                              ('/nonexistent-dir/sub', 'a directory that exists'),
                              (full, 'not an empty directory'), (scratch + '/link', 'not an empty directory'),
+                             (scratch + '/cafe/ws', 'UTF-8'),
                              ('relative', 'absolute')):
                 r = d.gdbus_call(bus, 'CreateWorkspace', 'bad', json.dumps({'image': 'src-main', 'path': bad}),
                                  expect='fail')
@@ -180,6 +185,8 @@ def check_misuse(dev, other):
                         f'a workspace at {bad}: expected InvalidJSON saying "{why}":\n{r.err}')
             t.check_equal(workspace_names(bus), ['dev', 'dev.restoring'], 'workspaces after the refused paths')
             t.check_equal(os.listdir(full), ['file'], 'a directory refused as a mount point')
+            t.check_equal(os.listdir(latin1), [], 'a directory whose name is not UTF-8, after the refusal')
+            t.check('workspace-bad' not in store.names(), 'a subvolume of a workspace that was refused')
             create('custom', '--path', scratch + '/custom')
             t.check(os.path.ismount(scratch + '/custom'), 'a workspace at a path of its own')
             d.cowbox(bus, 'workspace', 'rm', 'custom')
