@@ -292,6 +292,10 @@ int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_err
         if (r < 0)
                 return r;
         r = workspace_restore(&m->workspaces, m->store, m->store_path, name, label);
+        /* The replaced state was deleted, also when the mount after it
+         * failed: its space is the reaper's to give back. */
+        if (r >= 0 || r == -ELOOP)
+                manager_reap_soon(m);
         if (r == -ELOOP)
                 return unsafe_mount_point_error(ws, error);
         return r < 0 ? workspace_error(r, name, error) : sd_bus_reply_method_return(message, NULL);

@@ -434,6 +434,8 @@ def run():
                 t.check_equal(t.read_file(os.path.join(path, 'README')), b'the project\nchange\n',
                               'README after the restore')
                 t.check_equal(git(bus, dev, path, 'log', '--format=%s').out.strip(), 'first', 'the git history')
+                # What the restore replaced is given back without a reap asked for.
+                d.wait_for('the space of the replaced state', lambda: store.usage()['reclaimable_bytes'] == 0)
 
                 # Another user is kept out, by the file system and by cowboxd.
                 r = as_user(bus, other, 'ls', path, expect='fail')
