@@ -32,12 +32,18 @@
         "CREATE TABLE IF NOT EXISTS dictionaries(dict_id INTEGER PRIMARY KEY, content BLOB NOT NULL,"  \
         "  content_check INTEGER NOT NULL, created_usec INTEGER NOT NULL);"
 
+/* Whether a layer's database was made: a layer gets its database lazily
+ * (a writable top at its first change), so a missing one is an empty layer
+ * unless this says it was made, and then it is lost. */
+#define LAYER_MADE_COLUMN_SQL "  made INTEGER NOT NULL DEFAULT 0"
+
 static const char catalog_schema[] =
         "CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
         "CREATE TABLE layers("
         "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
         "  parent INTEGER REFERENCES layers(id),"
-        "  created_usec INTEGER NOT NULL);"
+        "  created_usec INTEGER NOT NULL,"
+        LAYER_MADE_COLUMN_SQL ");"
         "CREATE INDEX layers_parent ON layers(parent);"
         "CREATE TABLE subvolumes("
         "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
@@ -73,24 +79,99 @@ int catalog_create_schema(sqlite3 *db) {
         return sqlite_exec(db, catalog_schema);
 }
 
-int catalog_upgrade(sqlite3 *db) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL, *dicts = NULL;
+static bool has_column(sqlite3 *db, const char *table, const char *column) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        char sql[128];
+
+        snprintf(sql, sizeof sql, "SELECT %s FROM %s LIMIT 0", column, table);
+        return sqlite_prepare(db, sql, &st) >= 0;
+}
+
+/* Layers of a store made before they said whether their database was
+ * made: those whose file is there now were. */
+static int upgrade_layers_made(Store *s) {
+        _cleanup_stmt_ sqlite3_stmt *ids = NULL, *mark = NULL;
         int r;
 
-        if (sqlite_prepare(db, "SELECT dict_id FROM dictionaries LIMIT 0", &dicts) < 0) {
+        r = sqlite_exec(s->catalog, "BEGIN IMMEDIATE");
+        if (r < 0)
+                return r;
+        /* Another process may have done it meanwhile. */
+        if (has_column(s->catalog, "layers", "made"))
+                return sqlite_commit(s->catalog);
+        r = sqlite_exec(s->catalog, "ALTER TABLE layers ADD COLUMN" LAYER_MADE_COLUMN_SQL);
+        if (r >= 0)
+                r = sqlite_prepare(s->catalog, "SELECT id FROM layers", &ids);
+        if (r >= 0)
+                r = sqlite_prepare(s->catalog, "UPDATE layers SET made = 1 WHERE id = ?1", &mark);
+        while (r >= 0 && (r = sqlite_step_row(ids)) > 0) {
+                uint64_t id = (uint64_t) sqlite3_column_int64(ids, 0);
+
+                r = layer_exists(s, id);
+                if (r > 0) {
+                        sqlite3_reset(mark);
+                        sqlite3_bind_int64(mark, 1, (sqlite3_int64) id);
+                        r = sqlite_step_done(mark);
+                }
+        }
+        if (r >= 0)
+                r = sqlite_commit(s->catalog);
+        if (r < 0)
+                sqlite_rollback(s->catalog);
+        return r;
+}
+
+int catalog_upgrade(Store *s) {
+        sqlite3 *db = s->catalog;
+        int r;
+
+        CATALOG_LOCKED(s);
+        if (!has_column(db, "dictionaries", "dict_id")) {
                 r = sqlite_exec(db, DICTIONARIES_SCHEMA);
                 if (r < 0)
                         return r;
         }
-        if (sqlite_prepare(db, "SELECT received_uuid FROM subvolumes LIMIT 0", &st) >= 0)
-                return 0;
-        return sqlite_exec(db,
-                           "BEGIN IMMEDIATE;"
-                           "ALTER TABLE subvolumes ADD COLUMN received_uuid TEXT NOT NULL DEFAULT '';"
-                           "ALTER TABLE subvolumes ADD COLUMN ctransid INTEGER NOT NULL DEFAULT 0;"
-                           "ALTER TABLE subvolumes ADD COLUMN stransid INTEGER NOT NULL DEFAULT 0;"
-                           "INSERT OR IGNORE INTO counters VALUES ('transid', 0);"
-                           "COMMIT");
+        if (!has_column(db, "subvolumes", "received_uuid")) {
+                r = sqlite_exec(db,
+                                "BEGIN IMMEDIATE;"
+                                "ALTER TABLE subvolumes ADD COLUMN received_uuid TEXT NOT NULL DEFAULT '';"
+                                "ALTER TABLE subvolumes ADD COLUMN ctransid INTEGER NOT NULL DEFAULT 0;"
+                                "ALTER TABLE subvolumes ADD COLUMN stransid INTEGER NOT NULL DEFAULT 0;"
+                                "INSERT OR IGNORE INTO counters VALUES ('transid', 0);"
+                                "COMMIT");
+                if (r < 0)
+                        return r;
+        }
+        if (!has_column(db, "layers", "made"))
+                return upgrade_layers_made(s);
+        return 0;
+}
+
+int catalog_layer_set_made(Store *s, uint64_t id) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "UPDATE layers SET made = 1 WHERE id = ?1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) id);
+        return sqlite_step_done(st);
+}
+
+int catalog_layer_was_made(Store *s, uint64_t id) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT made FROM layers WHERE id = ?1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) id);
+        r = sqlite_step_row(st);
+        if (r <= 0)
+                return r;
+        return sqlite3_column_int64(st, 0) != 0;
 }
 
 int catalog_next_transid(Store *s, uint64_t *ret) {

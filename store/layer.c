@@ -316,6 +316,7 @@ int layer_create(Store *s, uint64_t id, const LayerCounters *inherit, bool with_
         LayerCounters c = *inherit;
         int r;
 
+        *ret = NULL;
         r = layer_path(s, id, &path);
         if (r < 0)
                 return r;
@@ -347,8 +348,17 @@ int layer_create(Store *s, uint64_t id, const LayerCounters *inherit, bool with_
                 goto fail;
         }
         r = fsync(s->layers_fd) < 0 ? -errno : layer_open(s, id, LAYER_WRITE, ret);
-        if (r < 0)
+        /* From now on its absence is a loss, not an empty layer. A crash
+         * before this leaves a database the catalog does not know was
+         * made: read as it is, like any. */
+        if (r >= 0)
+                r = catalog_layer_set_made(s, id);
+        if (r < 0) {
+                if (*ret)
+                        sqlite3_close_v2(*ret);
+                *ret = NULL;
                 (void) layer_unlink(s, id); /* whole and opened, or not there */
+        }
         return r;
 fail:
         (void) unlink(tmp);
@@ -364,8 +374,15 @@ int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret) {
         r = layer_exists(s, id);
         if (r < 0)
                 return r;
-        if (r == 0)
-                return -ENOENT;
+        if (r == 0) {
+                /* Never made: an empty layer. Made and gone: lost, and
+                 * nothing may take it for empty (the reaper would free
+                 * the blocks it names). */
+                r = catalog_layer_was_made(s, id);
+                if (r < 0)
+                        return r;
+                return r > 0 ? -EUCLEAN : -ENOENT;
+        }
         r = layer_path(s, id, &path);
         if (r < 0)
                 return r;

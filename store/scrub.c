@@ -47,6 +47,7 @@ typedef struct Stack {
         sqlite3_stmt **get_dentry;
         sqlite3_stmt **get_inode;
         size_t n;
+        uint64_t lost_layer;    /* the first layer whose database is lost or unreadable, 0 if none */
 } Stack;
 
 static void stack_done(Stack *st) {
@@ -67,6 +68,17 @@ static void stack_done(Stack *st) {
         *st = (Stack) {};
 }
 
+/* Whether a layer's database was made but is missing (1), or cannot be
+ * opened (1), or is fine or was never made (0). */
+static int layer_lost(Store *s, uint64_t id) {
+        _cleanup_sqlite_ sqlite3 *db = NULL;
+        int r = layer_open(s, id, LAYER_READ_FROZEN, &db);
+
+        if (r == -EUCLEAN)
+                return 1;
+        return r == -ENOENT ? 0 : r < 0 ? r : 0;
+}
+
 /* A frozen layer from the pool, opened there if it has room: 1 if pooled
  * (*ret may be NULL: no database), 0 if the caller is to open it. */
 static int layer_pool_get(Store *s, LayerPool *pool, uint64_t id, sqlite3 **ret) {
@@ -82,8 +94,8 @@ static int layer_pool_get(Store *s, LayerPool *pool, uint64_t id, sqlite3 **ret)
         if (pool->n == LAYER_POOL_MAX)
                 return 0;
         r = layer_open(s, id, LAYER_READ_FROZEN, &pool->dbs[pool->n]);
-        if (r == -ENOENT)
-                pool->dbs[pool->n] = NULL;
+        if (r == -ENOENT || r == -EUCLEAN)
+                pool->dbs[pool->n] = NULL;      /* none, or lost: stack_open() tells which */
         else if (r < 0)
                 return r;
         pool->ids[pool->n] = id;
@@ -116,13 +128,22 @@ static int stack_open(Store *s, const SubvolumeRecord *rec, LayerPool *pool, Sta
                         if (r < 0)
                                 return r;
                         ret->pooled[i] = r > 0;
-                        if (r > 0)
+                        if (r > 0 && (ret->dbs[i] || layer_lost(s, ret->ids[i]) == 0))
                                 continue;
+                        if (r > 0) {
+                                r = -EUCLEAN;
+                                goto lost;
+                        }
                 }
                 r = layer_open(s, ret->ids[i], frozen ? LAYER_READ_FROZEN : LAYER_READ, &ret->dbs[i]);
                 if (r == -ENOENT)
                         continue;
-                if (r < 0)
+        lost:
+                /* Read as if empty, for reports to name what they can;
+                 * checks of the tree know it is not. */
+                if (r == -EUCLEAN && ret->lost_layer == 0)
+                        ret->lost_layer = ret->ids[i];
+                if (r < 0 && r != -EUCLEAN)
                         return r;
         }
         return 0;
@@ -475,6 +496,17 @@ static int damage_add(DamageList *list, DamagedRow row) {
 /* Small files' contents and symlink targets live in the layers' databases,
  * each with its own checksum, and every row of a layer has a check of its
  * own: all verified once per layer. */
+/* A layer whose database is lost, or cannot be read at all: damage to
+ * every subvolume that uses it. */
+static int layer_lost_add(Store *s, uint64_t id, DamageList *list, StoreScrubStats *stats) {
+        stats->rows_checked++;
+        return damage_add(list, (DamagedRow) {
+                .layer = id,
+                .reason = layer_exists(s, id) > 0 ? "layer database unreadable" : "layer database missing",
+                .hiding = ROW_NEVER_HIDDEN,
+        });
+}
+
 static int scrub_layer(Store *s, uint64_t id, ZSTD_DCtx *dctx, void *buf, StoreScrubStats *stats,
                        DamageList *list) {
         _cleanup_sqlite_ sqlite3 *db = NULL;
@@ -485,10 +517,14 @@ static int scrub_layer(Store *s, uint64_t id, ZSTD_DCtx *dctx, void *buf, StoreS
         r = layer_open(s, id, LAYER_READ, &db);
         if (r == -ENOENT)
                 return 0; /* no database: an empty layer */
+        if (r == -EUCLEAN)
+                return layer_lost_add(s, id, list, stats);
         if (r < 0)
                 return r;
 
         r = sqlite_prepare(db, "SELECT ino, data, data_check, data_zstd FROM inodes WHERE data IS NOT NULL", &q);
+        if (r == -EUCLEAN)
+                return layer_lost_add(s, id, list, stats);
         while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
                 const char *reason;
 
@@ -974,18 +1010,29 @@ static int check_layer_blocks(Fsck *f, uint64_t id, uint64_t bytes) {
         int64_t mismatched = 0, damaged = 0;
         int r;
 
+        snprintf(what, sizeof what, "layer %" PRIu64, id);
         r = layer_exists(f->store, id);
-        if (r <= 0)
+        if (r < 0)
                 return r;
+        if (r == 0) {
+                r = catalog_layer_was_made(f->store, id);
+                if (r > 0)
+                        problem(f, false, "%s: its database is missing: what its subvolumes held in it is lost "
+                                "(they are named below)", what);
+                return r < 0 ? r : 0;
+        }
         /* Read-write, in whatever journal mode it is in: a sealed layer
          * stays without a WAL when repaired. */
         r = layer_open(f->store, id, LAYER_READ, &db);
+        if (r == -EUCLEAN)
+                goto unreadable;
         if (r < 0)
                 return r;
         /* quick_check, the record checks, the counts, the references. */
         fsck_step_begin(&step, f, &db, 1, bytes, 4);
-        snprintf(what, sizeof what, "layer %" PRIu64, id);
         r = check_integrity(f, db, what);
+        if (r == -EUCLEAN)
+                goto unreadable;
         if (r < 0)
                 return r;
         r = layer_count_damaged_rows(db, "main", &damaged);
@@ -1028,6 +1075,11 @@ static int check_layer_blocks(Fsck *f, uint64_t id, uint64_t bytes) {
                 problem(f, false, "%s references block %s, which the block index lacks: its data is lost", what, hex);
         }
         return r;
+
+unreadable:
+        problem(f, false, "%s: its database cannot be read (damaged beyond its records' checks): what its "
+                "subvolumes held in it is lost (they are named below)", what);
+        return 0;
 }
 
 /* A stack's tree as fsck counts it: the topmost row of each inode, by
@@ -1305,6 +1357,13 @@ static int check_subvolume(Fsck *f, const SubvolumeRecord *rec, uint64_t bytes) 
         }
         if (r < 0)
                 return r;
+        /* Its tree is not all there: nothing of it is checked, or repaired
+         * to agree with what is left. */
+        if (st.lost_layer != 0) {
+                problem(f, false, "subvolume '%s': layer %" PRIu64 " of its stack is lost: delete the subvolume, "
+                        "or restore the store from a backup", rec->name, st.lost_layer);
+                return 0;
+        }
         for (size_t i = 0; i < st.n; i++)
                 databases += st.dbs[i] != NULL;
         if (databases == 0)

@@ -127,7 +127,11 @@ void subvolume_record_clear(SubvolumeRecord *r);
 
 int catalog_create_schema(sqlite3 *db);
 /* Adds what a store made by an older build lacks. */
-int catalog_upgrade(sqlite3 *db);
+int catalog_upgrade(Store *s);
+/* Marks layer id's database as made (layer_create() does, once it is
+ * there); whether it was: 1, 0 (or no such layer), or a negative errno. */
+int catalog_layer_set_made(Store *s, uint64_t id);
+int catalog_layer_was_made(Store *s, uint64_t id);
 /* The store's transaction counter, for the ctransid of subvolumes. */
 int catalog_next_transid(Store *s, uint64_t *ret);
 int catalog_find_subvolume(Store *s, const char *name, SubvolumeRecord *ret);

@@ -327,7 +327,7 @@ int store_open(const char *path, Store **ret) {
         r = catalog_read_identity(s);
         if (r < 0)
                 return r;
-        r = catalog_upgrade(s->catalog);
+        r = catalog_upgrade(s);
         if (r < 0)
                 return r;
         r = packs_new(s, &s->packs);
@@ -675,7 +675,7 @@ static int layer_users_compare(const void *a, const void *b) {
  * write. */
 static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_users, StoreSubvolumeInfo *info) {
         _cleanup_free_ uint64_t *ids = NULL;
-        bool counted = false;
+        bool counted = false, lost = false;
         size_t n = 0;
         int r;
 
@@ -691,8 +691,12 @@ static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_
                 LayerCounters lc = {};
 
                 r = layer_open(s, ids[i], mode, &db);
-                if (r == -ENOENT)
-                        continue; /* a top layer not made yet */
+                /* A top layer not made yet; or one lost, which fsck and
+                 * scrub name: the listing of the others goes on. */
+                if (r == -EUCLEAN)
+                        lost = true;
+                if (r == -ENOENT || r == -EUCLEAN)
+                        continue;
                 if (r < 0)
                         return r;
                 r = layer_read_counters(db, &lc);
@@ -710,7 +714,8 @@ static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_
                 if (!users || users->users <= 1)
                         info->exclusive_bytes += lc.stored_bytes;
         }
-        return counted ? 0 : -EUCLEAN; /* every stack has a bottom layer with a root */
+        /* Every stack has a bottom layer with a root, unless it is lost. */
+        return counted || lost ? 0 : -EUCLEAN;
 }
 
 static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const LayerUsers *all_users, size_t n_users,

@@ -9,7 +9,8 @@ subvolume, and exits 1; fsck reports the damage. Folding the damaged layer
 into its child must not give the damage a valid checksum, and the reaper
 must not free a block in use when the record that counts it is damaged.
 Layers written before records had checksums are read as they are, and get
-checksums once they are opened for writing."""
+checksums once they are opened for writing. A layer whose database is lost
+is named as such, and nothing takes it for an empty one."""
 
 import ctypes
 import ctypes.util
@@ -334,9 +335,78 @@ def test_layers_without_checks():
         store.fsck()
 
 
+def test_lost_layer():
+    """A layer's database gone (deleted by mistake, or lost with a disk's
+    sector) is no empty layer: the subvolumes that use it refuse to mount
+    instead of showing what is left, scrub and fsck name it and each of
+    them, fsck --repair does not take the loss for the truth, and the
+    reaper frees none of the blocks it named, so that once the database is
+    back every file reads as before. The other subvolumes are untouched."""
+    with t.Store('records-lost-layer') as store:
+        store.create('main')
+        contents = {f'f{i}': t.random_bytes(300 * KiB, 60 + i) for i in range(3)}
+        with store.mount('main') as m:
+            for name, data in contents.items():
+                t.write_file(m.p(name), data, fsync=True)
+            t.write_file(m.p('small'), b'small', fsync=True)
+            t.fsync_dir(m.p(''))
+        bottom = store.show('main')['top_layer']
+        store.snapshot('main', 'snap', readonly=True)
+        with store.mount('main') as m:
+            t.write_file(m.p('later'), b'later', fsync=True)
+            t.fsync_dir(m.p(''))
+        store.create('other')
+        with store.mount('other') as m:
+            t.write_file(m.p('mine'), b'mine', fsync=True)
+            t.fsync_dir(m.p(''))
+        store.fsck()
+        # A store made before layers said whether their database was made:
+        # those whose database is there were.
+        catalog = sqlite3.connect(J(store.path, 'catalog.db'))
+        catalog.execute('ALTER TABLE layers DROP COLUMN made')
+        catalog.commit()
+        catalog.close()
+        store.names()
+        catalog = sqlite3.connect(J(store.path, 'catalog.db'))
+        made = dict(catalog.execute('SELECT id, made FROM layers'))
+        catalog.close()
+        t.check_equal(made[bottom], 1, f'the bottom layer after the catalog was upgraded: {made}')
+        for layer, flag in made.items():
+            t.check_equal(flag, int(os.path.exists(J(store.path, 'layers', f'{layer}.db'))),
+                          f'layer {layer} made, after the catalog was upgraded')
+
+        path = J(store.path, 'layers', f'{bottom}.db')
+        os.rename(path, path + '.away')
+        for name in ('main', 'snap'):
+            r = store.run('mount', '--background', name, store.new_dir(f'mnt-{name}'), expect=1)
+            t.check('damaged' in r.err, f'mounting {name} without its bottom layer:\n{r.err}')
+        t.check_equal(sorted(store.names()), ['main', 'other', 'snap'], 'subvolumes listed with a layer lost')
+        r = store.run('scrub', expect=1)
+        t.check('layer database missing' in r.output and "main" in r.output and 'snap' in r.output
+                and 'other' not in r.output, f'scrub of a store with a layer lost:\n{r.output}')
+        for repair in (False, True):
+            r = store.fsck(repair=repair, expect=1)
+            t.check(f'layer {bottom}: its database is missing' in r.output
+                    and f"subvolume 'main': layer {bottom} of its stack is lost" in r.output
+                    and f"subvolume 'snap': layer {bottom} of its stack is lost" in r.output
+                    and "'other'" not in r.output, f'fsck (repair: {repair}) of a store with a layer lost:\n{r.output}')
+        store.run('reap', '--wait', expect=1)
+        with store.mount('other') as m:
+            t.check_equal(t.read_file(m.p('mine')), b'mine', 'a subvolume that does not use the lost layer')
+
+        os.rename(path + '.away', path)
+        with store.mount('main') as m:
+            for name, data in contents.items():
+                t.check_bytes(t.read_file(m.p(name)), data, f'main/{name} once its layer is back')
+            t.check_equal(t.read_file(m.p('later')), b'later', 'main/later once its layer is back')
+        store.run('scrub')
+        store.fsck()
+
+
 def run():
     t.require_fuse()
     sub = t.Subtests()
+    sub.run('a lost layer database', test_lost_layer)
     sub.run('damaged records', test_damaged_records)
     sub.run('layers without checks', test_layers_without_checks)
     sub.run('missing inodes', test_missing_inodes)
