@@ -236,34 +236,38 @@ static PendingBlock *pending_find(struct Packs *p, const Digest *d) {
         return NULL;
 }
 
-static int index_lookup(Store *s, const Digest *d, BlockLocation *ret) {
+static int index_lookup(Store *s, const Digest *d, BlockLocation *ret, bool *ret_damaged) {
         sqlite3_stmt *st;
         int r;
 
         CATALOG_LOCKED(s);
         if (!s->find_block) {
-                r = sqlite_prepare(s->catalog, "SELECT pack, offset, stored_len, raw_len FROM blocks WHERE digest = ?1",
-                                   &s->find_block);
+                r = sqlite_prepare(s->catalog, "SELECT pack, offset, stored_len, raw_len, "
+                                   "EXISTS (SELECT 1 FROM damaged_blocks WHERE digest = ?1) "
+                                   "FROM blocks WHERE digest = ?1", &s->find_block);
                 if (r < 0)
                         return r;
         }
         st = s->find_block;
         sqlite3_bind_blob(st, 1, d->bytes, sizeof d->bytes, SQLITE_STATIC);
         r = sqlite_step_row(st);
-        if (r > 0)
+        if (r > 0) {
                 *ret = (BlockLocation) {
                         .pack = (uint64_t) sqlite3_column_int64(st, 0),
                         .offset = (uint64_t) sqlite3_column_int64(st, 1),
                         .stored_len = (uint32_t) sqlite3_column_int(st, 2),
                         .raw_len = (uint32_t) sqlite3_column_int(st, 3),
                 };
+                if (ret_damaged)
+                        *ret_damaged = sqlite3_column_int(st, 4) != 0;
+        }
         sqlite3_reset(st);
         if (r < 0)
                 return r;
         return r > 0 ? 0 : -ENOENT;
 }
 
-int block_lookup(Store *s, const Digest *d, BlockLocation *ret) {
+static int lookup(Store *s, const Digest *d, BlockLocation *ret, bool *ret_damaged) {
         struct Packs *p = s->packs;
 
         {
@@ -274,7 +278,30 @@ int block_lookup(Store *s, const Digest *d, BlockLocation *ret) {
                         return 0;
                 }
         }
-        return index_lookup(s, d, ret);
+        return index_lookup(s, d, ret, ret_damaged);
+}
+
+int block_lookup(Store *s, const Digest *d, BlockLocation *ret) {
+        return lookup(s, d, ret, NULL);
+}
+
+/* Where a block to be put is stored already: -ENOENT if it is not, or if
+ * its record was found damaged, so that the bytes are stored anew. */
+static int lookup_for_put(Store *s, const Digest *d, BlockLocation *ret) {
+        bool damaged = false;
+        int r = lookup(s, d, ret, &damaged);
+
+        return r >= 0 && damaged ? -ENOENT : r;
+}
+
+void block_mark_damaged(Store *s, const Digest *d) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+
+        CATALOG_LOCKED(s);
+        if (sqlite_prepare(s->catalog, "INSERT OR IGNORE INTO damaged_blocks(digest) VALUES (?1)", &st) < 0)
+                return;
+        sqlite3_bind_blob(st, 1, d->bytes, sizeof d->bytes, SQLITE_STATIC);
+        (void) sqlite_step_done(st);
 }
 
 static KnownLocation *location_slot(struct Packs *p, const Digest *d) {
@@ -308,7 +335,7 @@ int block_locate(Store *s, const Digest *d, BlockLocation *ret) {
                         return 0;
                 }
         }
-        r = index_lookup(s, d, ret);
+        r = index_lookup(s, d, ret, NULL);
         if (r < 0)
                 return r;
 
@@ -572,7 +599,7 @@ int block_put(Store *s, const void *data, size_t len, const Digest *d, BlockLoca
         if (len == 0 || len > STORE_BLOCK_SIZE)
                 return -EINVAL;
 
-        r = block_lookup(s, d, ret);
+        r = lookup_for_put(s, d, ret);
         if (r != -ENOENT)
                 return r;
 
@@ -649,7 +676,7 @@ void block_put_many(Store *s, BlockPut *puts, size_t n) {
                 if (b->len == 0 || b->len > STORE_BLOCK_SIZE)
                         b->result = -EINVAL;
                 else
-                        b->result = block_lookup(s, &b->digest, &b->loc);
+                        b->result = lookup_for_put(s, &b->digest, &b->loc);
                 n_new += b->result == -ENOENT;
         }
         if (n_new == 0)
@@ -672,7 +699,7 @@ void block_put_many(Store *s, BlockPut *puts, size_t n) {
 
 int block_commit(Store *s) {
         struct Packs *p = s->packs;
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_stmt_ sqlite3_stmt *st = NULL, *healed = NULL;
         int r;
 
         MUTEX_LOCKED(&p->lock);
@@ -688,8 +715,16 @@ int block_commit(Store *s) {
         r = sqlite_begin(s->catalog);
         if (r < 0)
                 return r;
-        r = sqlite_prepare(s->catalog, "INSERT OR IGNORE INTO blocks(digest, pack, offset, stored_len, raw_len) "
-                                       "VALUES (?1, ?2, ?3, ?4, ?5)", &st);
+        /* A block whose record was found damaged, stored anew: the index
+         * names the new record from now on, for every file that uses it. */
+        r = sqlite_prepare(s->catalog, "INSERT INTO blocks(digest, pack, offset, stored_len, raw_len) "
+                                       "VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(digest) DO UPDATE SET "
+                                       "pack = excluded.pack, offset = excluded.offset, "
+                                       "stored_len = excluded.stored_len, raw_len = excluded.raw_len "
+                                       "WHERE EXISTS (SELECT 1 FROM damaged_blocks WHERE digest = excluded.digest)",
+                         &st);
+        if (r >= 0)
+                r = sqlite_prepare(s->catalog, "DELETE FROM damaged_blocks WHERE digest = ?1", &healed);
         if (r < 0)
                 goto fail;
         for (size_t i = 0; i < p->n_pending; i++) {
@@ -701,6 +736,10 @@ int block_commit(Store *s) {
                 sqlite3_bind_int(st, 4, (int) pb->loc.stored_len);
                 sqlite3_bind_int(st, 5, (int) pb->loc.raw_len);
                 r = sqlite_step_done(st);
+                if (r >= 0) {
+                        sqlite3_bind_blob(healed, 1, pb->digest.bytes, sizeof pb->digest.bytes, SQLITE_STATIC);
+                        r = sqlite_step_done(healed);
+                }
                 if (r < 0)
                         goto fail;
         }
@@ -995,6 +1034,7 @@ int block_read_at(Store *s, const Digest *d, const BlockLocation *loc, void *buf
         r = block_read_verified(s, d, loc, buf, true, &reason);
         if (r == -EIO) {
                 block_count_corruption(s);
+                block_mark_damaged(s, d);
                 damage_log(d, loc, reason);
         }
         return r;
@@ -1036,8 +1076,10 @@ int block_read_stored_zstd(Store *s, const Digest *d, void *buf, size_t *ret_len
 
         /* Decoding verifies every checksum of the record. */
         r = record_read(s, d, &loc, plain, rs, NULL);
-        if (r == -EIO)
+        if (r == -EIO) {
                 block_count_corruption(s);
+                block_mark_damaged(s, d);
+        }
         if (r < 0)
                 return r;
         h = (const PackRecordHeader *) rs->record;

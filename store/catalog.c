@@ -37,6 +37,11 @@
  * unless this says it was made, and then it is lost. */
 #define LAYER_MADE_COLUMN_SQL "  made INTEGER NOT NULL DEFAULT 0"
 
+/* Blocks whose record was found damaged: a write of the same bytes stores
+ * them anew instead of referencing the damaged record, and the index then
+ * names the new one (block_commit()). */
+#define DAMAGED_BLOCKS_SCHEMA "CREATE TABLE IF NOT EXISTS damaged_blocks(digest BLOB PRIMARY KEY) WITHOUT ROWID;"
+
 static const char catalog_schema[] =
         "CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
         "CREATE TABLE layers("
@@ -64,6 +69,7 @@ static const char catalog_schema[] =
         "  offset INTEGER NOT NULL,"
         "  stored_len INTEGER NOT NULL,"
         "  raw_len INTEGER NOT NULL) WITHOUT ROWID;"
+        DAMAGED_BLOCKS_SCHEMA
         "CREATE TABLE counters(key TEXT PRIMARY KEY, value INTEGER NOT NULL);"
         "INSERT INTO counters VALUES ('corruption_events', 0), ('transid', 0);"
         DICTIONARIES_SCHEMA;
@@ -139,6 +145,11 @@ int catalog_upgrade(Store *s) {
                                 "ALTER TABLE subvolumes ADD COLUMN stransid INTEGER NOT NULL DEFAULT 0;"
                                 "INSERT OR IGNORE INTO counters VALUES ('transid', 0);"
                                 "COMMIT");
+                if (r < 0)
+                        return r;
+        }
+        if (!has_column(db, "damaged_blocks", "digest")) {
+                r = sqlite_exec(db, DAMAGED_BLOCKS_SCHEMA);
                 if (r < 0)
                         return r;
         }

@@ -679,6 +679,7 @@ int store_scrub(Store *s, store_damage_cb cb, store_progress_cb progress, void *
                         return r;
 
                 block_count_corruption(s);
+                block_mark_damaged(s, &rows[i].digest);
                 stats.blocks_damaged++;
                 damage = (StoreDamage) {
                         .pack = rows[i].loc.pack,

@@ -361,6 +361,9 @@ bool block_writer_failed(Store *s);
 
 /* Counts a corruption event in the catalog, where usage reports it. */
 void block_count_corruption(Store *s);
+/* Remembers that the record of block d is damaged: the next write of the
+ * same bytes stores them anew, and heals every file that uses it. */
+void block_mark_damaged(Store *s, const Digest *d);
 
 /* As block_read_at(), but names what is wrong and counts nothing: for scrub. */
 int block_read_at_reason(Store *s, const Digest *d, const BlockLocation *loc, void *buf, const char **ret_reason);
