@@ -337,21 +337,39 @@ static void report_damage(DamageReport *rep, const Stack *st, uint64_t ino) {
         rep->reported = true;
 }
 
+static int stack_extent_hidden(const Stack *st, size_t layer, uint64_t ino, uint64_t idx);
+
+/* The files of a stack whose data uses the block: an extent of a layer
+ * that no layer above overrides (rewritten, or cut off by a truncation),
+ * each file once. */
 static int report_block_users(Store *s, const Stack *st, void *userdata) {
         DamageReport *rep = userdata;
         int r = 0;
 
         for (size_t l = 0; r >= 0 && l < st->n; l++) {
                 _cleanup_stmt_ sqlite3_stmt *q = NULL;
+                uint64_t last = 0;
 
                 if (!st->dbs[l])
                         continue;
-                r = sqlite_prepare(st->dbs[l], "SELECT DISTINCT ino FROM extents WHERE digest = ?1", &q);
+                r = sqlite_prepare(st->dbs[l], "SELECT ino, idx FROM extents WHERE digest = ?1 ORDER BY ino", &q);
                 if (r < 0)
                         break;
                 sqlite3_bind_blob(q, 1, rep->digest->bytes, sizeof rep->digest->bytes, SQLITE_STATIC);
-                while ((r = sqlite_step_row(q)) > 0)
-                        report_damage(rep, st, (uint64_t) sqlite3_column_int64(q, 0));
+                while ((r = sqlite_step_row(q)) > 0) {
+                        uint64_t ino = (uint64_t) sqlite3_column_int64(q, 0);
+                        int hidden;
+
+                        if (ino == last)
+                                continue;
+                        hidden = stack_extent_hidden(st, l, ino, (uint64_t) sqlite3_column_int64(q, 1));
+                        if (hidden < 0)
+                                return hidden;
+                        if (hidden > 0)
+                                continue;
+                        report_damage(rep, st, ino);
+                        last = ino;
+                }
         }
         return r;
 }
@@ -619,6 +637,44 @@ static int report_damaged_rows(Store *s, const Stack *st, void *userdata) {
         return 0;
 }
 
+/* Blocks a layer references that the block index lacks: their data is
+ * lost, for each file that uses them. A block that several layers lack is
+ * named once for each (each names its users in every subvolume, the same
+ * ones). */
+static int report_unindexed_blocks(Store *s, uint64_t id, store_damage_cb cb, void *userdata,
+                                   StoreScrubStats *stats) {
+        _cleanup_sqlite_ sqlite3 *db = NULL;
+        _cleanup_stmt_ sqlite3_stmt *q = NULL;
+        int r;
+
+        r = layer_open(s, id, LAYER_READ, &db);
+        if (r == -ENOENT || r == -EUCLEAN)
+                return 0;       /* none, or lost: named already */
+        if (r < 0)
+                return r;
+        r = sqlite_prepare(db, "SELECT digest FROM blockrefs", &q);
+        while (r >= 0 && (r = sqlite_step_row(q)) > 0) {
+                StoreDamage damage = { .reason = "block missing from the index" };
+                BlockLocation loc;
+                Digest d;
+
+                if (sqlite3_column_bytes(q, 0) != sizeof d.bytes)
+                        continue;
+                memcpy(d.bytes, sqlite3_column_blob(q, 0), sizeof d.bytes);
+                if (block_lookup(s, &d, &loc) >= 0)
+                        continue;
+                block_count_corruption(s);
+                stats->blocks_damaged++;
+                digest_to_hex(&d, damage.digest);
+                if (cb) {
+                        r = report_users(s, &d, &damage, cb, userdata, stats);
+                        if (r < 0)
+                                return r;
+                }
+        }
+        return r;
+}
+
 /* Every live layer's records once, then the damage by subvolume. */
 static int scrub_layers(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *stats) {
         _cleanup_(ZSTD_freeDCtxp) ZSTD_DCtx *dctx = ZSTD_createDCtx();
@@ -633,6 +689,8 @@ static int scrub_layers(Store *s, store_damage_cb cb, void *userdata, StoreScrub
         r = catalog_live_layers(s, &layers, &n);
         for (size_t i = 0; r >= 0 && i < n; i++)
                 r = scrub_layer(s, layers[i], dctx, buf, stats, &list);
+        for (size_t i = 0; r >= 0 && i < n; i++)
+                r = report_unindexed_blocks(s, layers[i], cb, userdata, stats);
         if (r >= 0 && list.n > 0)
                 r = for_each_stack(s, report_damaged_rows,
                                    &(DamagedRowsReport) { .list = &list,

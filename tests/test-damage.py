@@ -7,7 +7,8 @@ damaged blocks give EIO and never other bytes, the undamaged parts and files
 read correctly, the mounts' servers log each damaged block they met, and
 scrub names exactly the damaged files, in each subvolume that uses them.
 Writing a damaged file again from a good copy heals it, and every file that
-shares its blocks."""
+shares its blocks. scrub names no file whose layer above rewrote a damaged
+block, and names the files of a block the index lacks."""
 
 import errno
 import os
@@ -102,8 +103,50 @@ def read_or_fail(path, expected):
         return [0]
 
 
+def test_scrub_names_users():
+    """scrub names the files that use a damaged block, and only those: not
+    a file whose layer above rewrote that block; and it names the files of
+    a block the index lacks."""
+    with t.Store('damage-users') as store:
+        store.create('main')
+        old, other = t.random_bytes(2 * BLOCK, 21), t.random_bytes(2 * BLOCK, 22)
+        with store.mount('main') as m:
+            t.write_file(m.p('rewritten.bin'), old, fsync=True)
+            t.write_file(m.p('other.bin'), other, fsync=True)
+        store.snapshot('main', 'before', readonly=True)
+        new = t.random_bytes(BLOCK, 23)
+        with store.mount('main') as m:
+            with open(m.p('rewritten.bin'), 'r+b') as f:
+                f.write(new)
+                os.fsync(f.fileno())
+        pack, offset, stored = block_locations(store, [top_layer(store, 'before')], 'rewritten.bin')[0]
+        damage(store, pack, offset + HEADER + stored // 2, b'\x00\x01\x02\x03')
+        r = store.run('scrub', expect=1)
+        t.check(re.search(r'Subvolume: +before\n +Path: +/rewritten.bin\n', r.output)
+                and not re.search(r'Subvolume: +main\n +Path: +/rewritten.bin\n', r.output),
+                f'scrub of a block that main rewrote and its snapshot still uses:\n{r.output}')
+        with store.mount('main', readonly=True) as m:
+            t.check_equal(read_or_fail(m.p('rewritten.bin'), new + old[BLOCK:]), [], 'main/rewritten.bin')
+
+        # The index loses the row of other.bin's second block.
+        digest = sqlite3.connect(f"file:{J(store.path, 'layers', str(top_layer(store, 'before')) + '.db')}?mode=ro",
+                                 uri=True).execute(
+            'SELECT e.digest FROM extents e JOIN dentries d ON d.ino = e.ino '
+            'WHERE d.parent = 1 AND d.name = ? AND e.idx = 1', (b'other.bin',)).fetchone()[0]
+        catalog = sqlite3.connect(J(store.path, 'catalog.db'))
+        t.check_equal(catalog.execute('DELETE FROM blocks WHERE digest = ?', (digest,)).rowcount, 1,
+                      'index rows of the block removed')
+        catalog.commit()
+        catalog.close()
+        r = store.run('scrub', expect=1)
+        for subvolume in ('main', 'before'):
+            t.check(re.search(rf'Subvolume: +{subvolume}\n +Path: +/other.bin\n +Problem: +block missing from the index',
+                              r.output), f'scrub of a block the index lacks, in {subvolume}:\n{r.output}')
+
+
 def run():
     t.require_fuse()
+    test_scrub_names_users()
     files = {
         'zeroed-compressible.txt': t.pattern_bytes(5 * BLOCK, 1),
         'header-flipped.bin': t.random_bytes(3 * BLOCK, 2),
