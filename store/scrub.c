@@ -1459,6 +1459,34 @@ static void subvolume_records_free(SubvolumeRecord *recs, size_t n) {
         free(recs);
 }
 
+/* The catalog's rows carry no checks of their own: what they must say of
+ * writable subvolumes is checked instead. Each has a top layer of its own
+ * (the one its writes go to), which no layer is stacked on (a snapshot
+ * gives it a new one). A subvolume's top changed by damage to name
+ * another's breaks one of these. */
+static int check_writable_tops(Fsck *f) {
+        _cleanup_stmt_ sqlite3_stmt *shared = NULL, *stacked = NULL;
+        int r;
+
+        r = sqlite_prepare(f->store->catalog,
+                           "SELECT top_layer, group_concat(name, ', ') FROM subvolumes WHERE deleted = 0 "
+                           "GROUP BY top_layer HAVING count(*) > 1 AND min(readonly) = 0", &shared);
+        while (r >= 0 && (r = sqlite_step_row(shared)) > 0)
+                problem(f, false, "catalog: subvolumes %s share top layer %" PRIi64 ", which one of them writes "
+                        "to (the catalog is damaged)", (const char *) sqlite3_column_text(shared, 1),
+                        (int64_t) sqlite3_column_int64(shared, 0));
+        if (r < 0)
+                return r;
+        r = sqlite_prepare(f->store->catalog,
+                           "SELECT name, top_layer FROM subvolumes s WHERE deleted = 0 AND readonly = 0 AND "
+                           "EXISTS (SELECT 1 FROM layers l WHERE l.parent = s.top_layer)", &stacked);
+        while (r >= 0 && (r = sqlite_step_row(stacked)) > 0)
+                problem(f, false, "catalog: writable subvolume '%s' has top layer %" PRIi64 ", on which other "
+                        "layers are stacked (the catalog is damaged)", (const char *) sqlite3_column_text(stacked, 0),
+                        (int64_t) sqlite3_column_int64(stacked, 1));
+        return r;
+}
+
 /* The catalog, every live layer, then every subvolume's tree. */
 static int fsck_all(Fsck *f, const SubvolumeRecord *recs, size_t n) {
         _cleanup_free_ uint64_t *layers = NULL, *layer_bytes = NULL, *walk_bytes = NULL;
@@ -1499,6 +1527,8 @@ static int fsck_all(Fsck *f, const SubvolumeRecord *recs, size_t n) {
         {
                 CATALOG_LOCKED(f->store);
                 r = check_integrity(f, f->store->catalog, "catalog");
+                if (r >= 0)
+                        r = check_writable_tops(f);
                 if (r < 0)
                         return r;
         }

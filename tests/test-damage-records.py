@@ -403,9 +403,33 @@ def test_lost_layer():
         store.fsck()
 
 
+def test_catalog_top_layers():
+    """The catalog's rows carry no checks: a subvolume whose top layer was
+    changed to another's (one flipped bit) is caught by what fsck knows of
+    writable subvolumes' tops."""
+    with t.Store('records-catalog') as store:
+        for name in ('a', 'b'):
+            store.create(name)
+            with store.mount(name) as m:
+                t.write_file(m.p('who'), name.encode(), fsync=True)
+        store.snapshot('b', 'b-snap', readonly=True)
+        store.fsck()
+        catalog = sqlite3.connect(J(store.path, 'catalog.db'))
+        top_b = store.show('b')['top_layer']
+        frozen_b = catalog.execute('SELECT parent FROM layers WHERE id = ?', (top_b,)).fetchone()[0]
+        for target, words in ((top_b, "subvolumes a, b share top layer"),
+                              (frozen_b, "writable subvolume 'a' has top layer")):
+            catalog.execute("UPDATE subvolumes SET top_layer = ? WHERE name = 'a'", (target,))
+            catalog.commit()
+            r = store.fsck(expect=1)
+            t.check(words in r.output, f'fsck of a catalog whose top layer of a is {target}:\n{r.output}')
+        catalog.close()
+
+
 def run():
     t.require_fuse()
     sub = t.Subtests()
+    sub.run('damaged top layers in the catalog', test_catalog_top_layers)
     sub.run('a lost layer database', test_lost_layer)
     sub.run('damaged records', test_damaged_records)
     sub.run('layers without checks', test_layers_without_checks)
