@@ -367,6 +367,20 @@ fail:
 
 static bool layer_has_wal(Store *s, uint64_t id);
 
+/* SQLite reads a database only at its first statement: one whose header is
+ * damaged, or that was cut to nothing (an empty database to SQLite), is
+ * found here, at its opening, as damage (EUCLEAN), by whoever opens it. */
+static int layer_check_readable(sqlite3 *db) {
+        int64_t tables = 0;
+        int r;
+
+        r = sqlite_query_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'inodes'",
+                             &tables);
+        if (r < 0)
+                return r;
+        return tables == 1 ? 0 : -EUCLEAN;
+}
+
 int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret) {
         _cleanup_free_ char *path = NULL, *uri = NULL;
         int r;
@@ -398,6 +412,8 @@ int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret) {
 
                 r = layer_connect(path, SQLITE_OPEN_READWRITE, true, &db);
                 if (r >= 0)
+                        r = layer_check_readable(db);
+                if (r >= 0)
                         r = add_row_checks(db);
                 if (r >= 0)
                         r = sqlite_exec(db, ORPHANS_INDEX); /* layers made before it had none */
@@ -409,15 +425,23 @@ int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret) {
         case LAYER_READ:
                 /* Read-write without ever writing: after a writer's crash the
                  * WAL needs recovery, which a read-only connection cannot do. */
-                return layer_connect(path, SQLITE_OPEN_READWRITE, false, ret);
+                r = layer_connect(path, SQLITE_OPEN_READWRITE, false, ret);
+                break;
         case LAYER_READ_FROZEN:
                 /* A sealed layer never changes and has no journal: immutable
                  * skips all locking. */
                 if (asprintf(&uri, "file:%s?immutable=1", path) < 0)
                         return -ENOMEM;
-                return layer_connect(uri, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, false, ret);
+                r = layer_connect(uri, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, false, ret);
+                break;
+        default:
+                return -EINVAL;
         }
-        return -EINVAL;
+        if (r >= 0 && (r = layer_check_readable(*ret)) < 0) {
+                sqlite3_close_v2(*ret);
+                *ret = NULL;
+        }
+        return r;
 }
 
 static bool layer_has_wal(Store *s, uint64_t id) {

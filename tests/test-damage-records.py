@@ -402,6 +402,25 @@ def test_lost_layer():
         store.run('scrub')
         store.fsck()
 
+        # The same for a database whose header is damaged: named, and the
+        # rest of the store is checked and listed.
+        with open(path, 'rb') as f:
+            good = f.read()
+        with open(path, 'r+b') as f:
+            f.write(bytes(100))
+        r = store.run('scrub', expect=1)
+        t.check(r.output.count('layer database unreadable') == 2 and 'other' not in r.output,
+                f'scrub of a store with a layer whose header is damaged:\n{r.output}')
+        r = store.fsck(expect=1)
+        t.check(f'layer {bottom}: its database cannot be read' in r.output
+                and f"subvolume 'snap': layer {bottom} of its stack is lost" in r.output,
+                f'fsck of a store with a layer whose header is damaged:\n{r.output}')
+        t.check_equal(sorted(store.names()), ['main', 'other', 'snap'], 'subvolumes listed with a layer damaged')
+        store.run('reap', '--wait', expect=1)
+        with open(path, 'wb') as f:
+            f.write(good)
+        store.fsck()
+
 
 def test_catalog_top_layers():
     """The catalog's rows carry no checks: a subvolume whose top layer was
