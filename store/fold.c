@@ -192,6 +192,11 @@ static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
         upper_exists = layer_exists(s, fc->upper);
         if (upper_exists < 0)
                 return upper_exists;
+        /* A layer made and gone is lost, not empty: folding it would make
+         * the loss look whole. */
+        if ((!lower_exists && catalog_layer_was_made(s, fc->lower) != 0) ||
+            (!upper_exists && catalog_layer_was_made(s, fc->upper) != 0))
+                return -EUCLEAN;
         if (!lower_exists && !upper_exists)
                 return 0;
 
@@ -209,9 +214,13 @@ static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
                 r = copy_file(lower_path, tmp);
                 if (r < 0)
                         return r;
-                if (rename(tmp, path) < 0)
+                /* Named for good before the catalog names it (swap_in()),
+                 * and from then on a loss if it goes. */
+                if (rename(tmp, path) < 0 || fsync(s->layers_fd) < 0)
                         return -errno;
-                r = layer_open(s, merged, LAYER_WRITE, &db);
+                r = catalog_layer_set_made(s, merged);
+                if (r >= 0)
+                        r = layer_open(s, merged, LAYER_WRITE, &db);
         } else {
                 /* The upper's counters replace these: it has a database. */
                 LayerCounters c = { .next_ino = 2 };
