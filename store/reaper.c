@@ -229,7 +229,7 @@ struct Pace {
 #define PACE_CHECK_USEC 500000
 
 static int pace_start(Store *s, Pace *ret) {
-        *ret = (Pace) { .store = s, .start_usec = now_usec() };
+        *ret = (Pace) { .store = s, .start_usec = monotonic_usec() };
         ret->checked_usec = ret->start_usec;
         return store_reaper_settings(s, &ret->settings);
 }
@@ -259,7 +259,7 @@ static void pace_throttle(Pace *p, uint64_t now) {
 }
 
 int pace_step(Pace *p, uint64_t bytes) {
-        uint64_t now = now_usec();
+        uint64_t now = monotonic_usec();
         int r;
 
         r = pace_refresh(p, now);
@@ -275,7 +275,7 @@ int pace_step(Pace *p, uint64_t bytes) {
 }
 
 void pace_wrote(Pace *p, uint64_t bytes) {
-        uint64_t now = now_usec();
+        uint64_t now = monotonic_usec();
 
         (void) pace_refresh(p, now);
         p->written += bytes;

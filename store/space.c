@@ -28,6 +28,7 @@
 
 #include "fd-util.h"
 #include "store-internal.h"
+#include "time-util.h"
 
 #define SPACE_CHECK_INTERVAL_USEC 100000
 /* Free space above the margin under which the store is low on space: what
@@ -105,7 +106,7 @@ static void space_refresh(Store *s) {
                 return;
         s->space.free_bytes = free_bytes;
         s->space.total_bytes = total_bytes;
-        s->space.checked_usec = now_usec();
+        s->space.checked_usec = monotonic_usec();
 }
 
 void space_update(Store *s) {
@@ -157,7 +158,7 @@ static int space_check_cleanup(Store *s) {
         /* What everyone may write is gone; root's share may be left, on
          * a disk that users filled. Asked at most so often: what cleaning
          * up writes meanwhile is a few rows. */
-        now = now_usec();
+        now = monotonic_usec();
         if (now - s->space.probed_usec >= SPACE_CHECK_INTERVAL_USEC) {
                 s->space.probe_fits = space_probe(s->dir_fd, floor);
                 s->space.probed_usec = now;
@@ -174,7 +175,7 @@ int space_check(Store *s, uint64_t bytes, SpaceUse use) {
          * and reaps, which free space whatever the layers hold. */
         if (use == SPACE_CLEANUP)
                 return space_check_cleanup(s);
-        if (space_is_low(s) || now_usec() - s->space.checked_usec > SPACE_CHECK_INTERVAL_USEC)
+        if (space_is_low(s) || monotonic_usec() - s->space.checked_usec > SPACE_CHECK_INTERVAL_USEC)
                 space_refresh(s);
         if (space_fits(s, bytes, use))
                 return 0;
