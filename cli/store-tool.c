@@ -139,6 +139,10 @@ int tool_open_store(const Tool *tool, Store **ret) {
         case -EPERM:
                 return report_failure("no permission to open the store at %s; run as a user "
                                       "who may write it (usually root)", path);
+        case -EROFS:
+                /* Even reading takes the catalog's journal, written beside it. */
+                return report_failure("cannot open the store at %s: it is on a read-only file system, and "
+                                      "even reading it needs to write its catalog's journal", path);
         default:
                 return report_failure("cannot open the store at %s: %s", path, error_text(r));
         }

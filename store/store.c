@@ -322,6 +322,12 @@ int store_open(const char *path, Store **ret) {
         if (asprintf(&catalog, "%s/catalog.db", path) < 0)
                 return -ENOMEM;
         r = sqlite_open(catalog, SQLITE_OPEN_READWRITE | SQLITE_OPEN_FULLMUTEX, true, &s->catalog);
+        /* SQLite says it cannot open what is there: the store is on a
+         * read-only file system, or not ours to write (even reading needs
+         * the WAL's index), not missing. */
+        if (r == -ENOENT && (faccessat(s->dir_fd, "catalog.db", W_OK, AT_EACCESS) < 0 ||
+                             faccessat(s->dir_fd, ".", W_OK, AT_EACCESS) < 0))
+                return errno == EROFS ? -EROFS : -EACCES;
         if (r < 0)
                 return r;
         r = catalog_read_identity(s);

@@ -46,6 +46,19 @@ def test_missing_store(store):
         check_mentions(r, 'init', f'{" ".join(args)} on a missing store (should say how to create one)')
     t.check(not os.path.exists(missing), f'using a missing store created {missing}')
 
+    # A store on a read-only file system is there, not missing.
+    if os.geteuid() != 0:
+        print('SKIP: a store on a read-only file system: a bind mount needs root', flush=True)
+        return
+    ro = store.new_dir('read-only')
+    subprocess.run(['mount', '--bind', '-o', 'ro', store.tmp, ro], check=True)
+    try:
+        r = t.run_command([t.tool(), '--store', os.path.join(ro, 'store'), 'subvolume', 'list'], expect='fail')
+        t.check('read-only file system' in r.err and 'init' not in r.err,
+                f'a store on a read-only file system:\n{r.err}')
+    finally:
+        subprocess.run(['umount', ro], check=True)
+
 
 def test_store_from_environment(store):
     r = t.run_command([t.tool(), '--json', 'subvolume', 'list'], env={'COWBOX_STORE': store.path})
