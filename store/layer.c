@@ -218,7 +218,10 @@ static int add_row_checks(sqlite3 *db) {
 }
 
 int layer_path(Store *s, uint64_t id, char **ret) {
-        return asprintf(ret, "%s/layers/%" PRIu64 ".db", s->path, id) < 0 ? -ENOMEM : 0;
+        /* Through the store's own descriptor of its layers' directory: a
+         * store moved while it is open keeps its layers, and another made
+         * at its old path is none of its business. */
+        return asprintf(ret, "/proc/self/fd/%d/%" PRIu64 ".db", s->layers_fd, id) < 0 ? -ENOMEM : 0;
 }
 
 static void layer_file_name(uint64_t id, const char *suffix, char ret[static 64]) {

@@ -451,6 +451,36 @@ def test_open_unlinked(store):
                   'orph after its snapshots were folded away: inodes and logical bytes')
 
 
+def test_store_moved(store):
+    """A store moved while one of its subvolumes is mounted: the server
+    keeps writing into its own store, never into another made at the old
+    path (it reaches its layers through its own descriptor)."""
+    store.create('moved')
+    store.snapshot('moved', 'moved-snap')   # its next layer is made at its next write
+    old_path = store.path
+    with store.mount('moved') as m:
+        os.rename(old_path, old_path + '-moved')
+        try:
+            t.run_command([t.tool(), '--store', old_path, 'init'])
+            for name in ('a', 'b'):
+                t.run_command([t.tool(), '--store', old_path, 'subvolume', 'create', name])
+            layers = J(old_path, 'layers')
+            before = {n: t.read_file(J(layers, n)) for n in os.listdir(layers)}
+            t.write_file(J(m.path, 'written-after-the-move'), b'mine', fsync=True)
+            t.fsync_dir(m.path)
+            after = {n: t.read_file(J(layers, n)) for n in os.listdir(layers)}
+            t.check(after == before, 'the layers of a store made where a mounted store was moved from changed')
+            t.run_command([t.tool(), '--store', old_path, 'fsck'])
+        finally:
+            m.unmount()
+            subprocess.run(['rm', '-rf', '--', old_path], check=True)
+            os.rename(old_path + '-moved', old_path)
+    with store.mount('moved', readonly=True) as m:
+        t.check_equal(t.read_file(J(m.path, 'written-after-the-move')), b'mine',
+                      'a file written through the mount of a store moved meanwhile')
+    store.fsck()
+
+
 def run():
     t.require_fuse()
     with t.Store('snapshot') as store:
@@ -470,6 +500,7 @@ def run():
         sub.run('allocated blocks through layers', test_blocks_through_layers, store)
         sub.run('space accounting and reap', test_space, store)
         sub.run('snapshots while a file is unlinked but open', test_open_unlinked, store)
+        sub.run('a store moved while mounted', test_store_moved, store)
         sub.check()
 
 
