@@ -18,6 +18,7 @@
 #include "cleanup.h"
 #include "images.h"
 #include "manager.h"
+#include "string-util.h"
 #include "runtime.h"
 
 #define _cleanup_json_ _cleanup_(json_decrefp)
@@ -29,6 +30,19 @@ int manager_check_name(const char *name, sd_bus_error *error) {
                 return sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%.64s' is not a valid name: names are 1 "
                                          "to 255 bytes, without '/' or control characters, not '.' or '..', and "
                                          "not starting with '" IMAGE_RECEIVING_PREFIX "'.", name);
+        return 0;
+}
+
+int manager_check_new_name(const char *name, sd_bus_error *error) {
+        int r = manager_check_name(name, error);
+
+        if (r < 0)
+                return r;
+        if (startswith(name, WORKSPACE_PREFIX) || startswith(name, SANDBOX_PREFIX))
+                return sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%.64s' is not a name to give: names "
+                                         "starting with '" WORKSPACE_PREFIX "' and '" SANDBOX_PREFIX "' are "
+                                         "those of workspaces, their checkpoints and sandboxes, which their own "
+                                         "methods make.", name);
         return 0;
 }
 
@@ -188,7 +202,7 @@ static int method_create_subvolume(sd_bus_message *message, void *userdata, sd_b
         r = sd_bus_message_read(message, "s", &name);
         if (r < 0)
                 return r;
-        r = manager_check_name(name, error);
+        r = manager_check_new_name(name, error);
         if (r >= 0)
                 r = manager_check_caller(message, error);
         if (r < 0)
@@ -208,7 +222,7 @@ int manager_snapshot(sd_bus_message *message, Manager *m, const char *source, co
 
         r = manager_check_name(source, error);
         if (r >= 0)
-                r = manager_check_name(name, error);
+                r = manager_check_new_name(name, error);
         if (r >= 0)
                 r = api_parse_options(options, allowed, &opts, error);
         if (r >= 0)
@@ -297,7 +311,7 @@ static int method_rename(sd_bus_message *message, void *userdata, sd_bus_error *
                 return r;
         r = manager_check_name(name, error);
         if (r >= 0)
-                r = manager_check_name(new_name, error);
+                r = manager_check_new_name(new_name, error);
         if (r >= 0)
                 r = manager_check_caller(message, error);
         if (r >= 0)
@@ -351,6 +365,14 @@ static int method_set_quota(sd_bus_message *message, void *userdata, sd_bus_erro
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "A quota of %llu bytes is too large; "
                                          "0 means none.", (unsigned long long) bytes);
         r = manager_check_caller(message, error);
+        if (r < 0)
+                return r;
+        /* A workspace's limit is its quota and more (GetWorkspace's
+         * warnings): set it there. */
+        if (workspace_find_by_subvolume(&m->workspaces, name, false))
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "'%s' belongs to a workspace; SetWorkspaceLimit "
+                                         "sets its limit.", name);
+        r = check_not_owned(m, name, error);
         if (r < 0)
                 return r;
         r = store_subvolume_set_quota(m->store, name, bytes);
@@ -467,7 +489,7 @@ static int start_receive(sd_bus_message *message, Manager *m, int fd, const char
                 return r;
         name = api_option_string(opts, "name", NULL);
         if (name) {
-                r = manager_check_name(name, error);
+                r = manager_check_new_name(name, error);
                 if (r < 0)
                         return r;
         }

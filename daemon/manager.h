@@ -106,6 +106,13 @@ int manager_start_reap(Manager *m, Job **ret);
 /* Checks a subvolume's name as the API takes it: a store's name, not one of
  * a receive's temporary ones. Sets an InvalidName error otherwise. */
 int manager_check_name(const char *name, sd_bus_error *error);
+/* The same for a name to be made: not one of those that workspaces and
+ * sandboxes make for themselves (a checkpoint, a sandbox's snapshot),
+ * which their own methods make. */
+int manager_check_new_name(const char *name, sd_bus_error *error);
+
+/* The prefix of the names of sandboxes' snapshots. */
+#define SANDBOX_PREFIX "sbx-"
 
 /* Checks that the caller may change things: root, or a member of the
  * cowbox group. Sets an AccessDenied error otherwise. */

@@ -25,7 +25,6 @@
 #include "workspace.h"
 
 #define _cleanup_json_ _cleanup_(json_decrefp)
-#define SANDBOX_PREFIX "sbx-"
 #define WAITERS_MAX 64
 /* Of those, one caller's: no caller takes every place. */
 #define WAITERS_PER_CALLER 8

@@ -280,7 +280,7 @@ int task_check(const char *source, char **argv, const char *options, json_t **re
         userns_base = api_option_uint(opts, "userns_base", 0);
         name = api_option_string(opts, "name", NULL);
         hostname = api_option_string(opts, "hostname", NULL);
-        if (name && manager_check_name(name, error) < 0)
+        if (name && manager_check_new_name(name, error) < 0)
                 r = -EINVAL;
         else if (hostname && (strlen(hostname) == 0 || strlen(hostname) > HOST_NAME_MAX))
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"hostname\" must be 1 to %d bytes.",

@@ -314,6 +314,11 @@ def run():
                           'the sandboxes of a repaired list')
             t.check_equal([w['name'] for w in json.loads(d.cowbox(bus, '--json', 'workspace', 'list').out)], ['ws'],
                           'the workspaces of a repaired list')
+            # A workspace's limit is set as a workspace's, not as a quota.
+            r = d.gdbus_call(bus, 'SetQuota', 'workspace-ws', '1000000', expect='fail')
+            t.check_equal(d.error_name(r), 'org.cowbox1.Error.Busy', f'SetQuota of a workspace: {r.err}')
+            t.check('SetWorkspaceLimit' in r.err, f'the error of SetQuota of a workspace says what to call: {r.err}')
+            t.check_equal(store.show('workspace-ws')['quota_bytes'], 0, 'the quota of a workspace after SetQuota')
             d.cowbox(bus, 'sandbox', 'rm', 'kept')
             d.cowbox(bus, 'workspace', 'rm', 'ws')
             check_nul_output(bus)

@@ -183,6 +183,11 @@ def check_bad_arguments(bus, store):
         ('Snapshot', ['base', 'x' * 300, '{}'], 'org.cowbox1.Error.InvalidName'),
         ('Snapshot', ['base', 'base-v2', '{}'], 'org.cowbox1.Error.NameTaken'),
         ('Snapshot', ['base', '.receiving-1-1', '{}'], 'org.cowbox1.Error.InvalidName'),
+        # The names workspaces and sandboxes make for themselves.
+        ('Snapshot', ['base', 'workspace-x@fake', '{}'], 'org.cowbox1.Error.InvalidName'),
+        ('CreateSubvolume', ['sbx-later'], 'org.cowbox1.Error.InvalidName'),
+        ('Rename', ['task', 'workspace-y+restoring'], 'org.cowbox1.Error.InvalidName'),
+        ('RunTask', ['base', "['/probe']", '{"name": "sbx-z", "keep": true}'], 'org.cowbox1.Error.InvalidName'),
         ('CreateSubvolume', ['base'], 'org.cowbox1.Error.NameTaken'),
         ('DeleteSubvolume', ['nope'], 'org.cowbox1.Error.NoSuchSubvolume'),
         ('RemoveImage', ['task'], 'org.cowbox1.Error.NotReadOnly'),
