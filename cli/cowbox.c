@@ -562,7 +562,7 @@ static int verb_image_send(int argc, char *argv[]) {
         _cleanup_(output_file_abort) OutputFile out = { .fd = -EBADF };
         const char *file = NULL, *parent = NULL;
         bool compressed = false, zstd = false;
-        int version = 1, c, r;
+        int version = 0, c, r;
         json_t *doc;
 
         reset_getopt();
@@ -575,10 +575,14 @@ static int verb_image_send(int argc, char *argv[]) {
                                 return usage_error("--proto takes 1 or 2");
                         version = optarg[0] - '0';
                         break;
-                case 'c': compressed = true; version = 2; break;
+                case 'c': compressed = true; break;
                 case 'z': zstd = true; break;
                 default: return usage_error("bad option");
                 }
+        if (compressed && version == 1)
+                return usage_error("--compressed-data needs --proto 2 (version 1 streams carry no compressed data)");
+        if (version == 0)
+                version = compressed ? 2 : 1;
         r = need_args(argc, argv, 1, 1, "image send [-p PARENT] [-f FILE] [--proto 1|2] [--compressed-data] [--zstd] IMAGE");
         if (r)
                 return r;

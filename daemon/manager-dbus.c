@@ -601,6 +601,9 @@ static int method_send_image(sd_bus_message *message, void *userdata, sd_bus_err
         }
         if (api_option_uint(opts, "version", 1) < 1 || api_option_uint(opts, "version", 1) > 2)
                 return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"version\" must be 1 or 2.");
+        if (api_option_bool(opts, "compressed_data", false) && api_option_uint(opts, "version", 2) == 1)
+                return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"compressed_data\" needs "
+                                         "\"version\" 2: version 1 streams carry no compressed data.");
         /* Sending reads only; whoever may read the images may send them,
          * but a workspace's checkpoints are its owner's. */
         r = manager_check_workspace_reader(message, m, name, error);
@@ -619,11 +622,9 @@ static int method_send_image(sd_bus_message *message, void *userdata, sd_bus_err
         w->fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
         w->name = strdup(name);
         w->parent = parent ? strdup(parent) : NULL;
-        w->version = (unsigned) api_option_uint(opts, "version", 1);
         w->compressed_data = api_option_bool(opts, "compressed_data", false);
+        w->version = (unsigned) api_option_uint(opts, "version", w->compressed_data ? 2 : 1);
         w->zstd = api_option_bool(opts, "zstd", false);
-        if (w->compressed_data && w->version < 2)
-                w->version = 2;
         if (w->fd < 0 || !w->name || (parent && !w->parent)) {
                 stream_work_free(w);
                 return -ENOMEM;

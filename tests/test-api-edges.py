@@ -122,7 +122,8 @@ def check_task_options(bus):
     with open('/dev/null', 'w') as null:
         env = dict(os.environ, **bus.env)
         for name, opts, error in (('nothing', '{}', 'NoSuchImage'), ('writable', '{}', 'NotReadOnly'),
-                                  ('base', '{"parent": "nothing"}', 'NoSuchImage')):
+                                  ('base', '{"parent": "nothing"}', 'NoSuchImage'),
+                                  ('base', '{"version": 1, "compressed_data": true}', 'InvalidJSON')):
             p = subprocess.run(['gdbus', 'call', '--system', '--dest', 'org.cowbox1', '--object-path', '/org/cowbox1',
                                 '--method', 'org.cowbox1.Manager.SendImage', name, '1', opts], env=env,
                                stdin=null, capture_output=True, text=True)
@@ -130,6 +131,8 @@ def check_task_options(bus):
                     f'SendImage of {name} with {opts}: {p.returncode} {p.stderr}')
     r = d.cowbox(bus, 'image', 'send', '-f', '/dev/null', 'nothing', expect=1)
     t.check('no image named' in r.err, f'cowbox image send of no image: {r.err}')
+    r = d.cowbox(bus, 'image', 'send', '--proto', '1', '--compressed-data', '-f', '/dev/null', 'base', expect=2)
+    t.check('--proto 2' in r.err, f'cowbox image send --proto 1 --compressed-data: {r.err}')
     t.check_equal(json.loads(d.cowbox(bus, '--json', 'jobs').out), [], 'jobs after the sends refused')
     d.cowbox(bus, 'rm', 'writable')
 
