@@ -99,8 +99,30 @@ void workspaces_done(Workspaces *w) {
 
 /* ---- the list on disk ---- */
 
+/* A default mount point saved by a daemon that was given the store's path
+ * through a symbolic link (before it made the path absolute): the same
+ * directory, named as the mount point checks need it, without the link.
+ * Only the store's own directory of workspaces is looked through: a link
+ * on a path of the owner's choosing must stay refused. */
+static char *default_path_migrated(const Workspaces *w, const char *name, const char *path, bool *migrated) {
+        _cleanup_free_ char *dir = strdup(path), *resolved = NULL, *base = NULL, *wanted = NULL;
+        char *slash = dir ? strrchr(dir, '/') : NULL;
+
+        if (!slash || !streq(slash + 1, name) || asprintf(&wanted, "%s/%s", w->default_base, name) < 0 ||
+            streq(path, wanted))
+                return strdup(path);
+        *slash = 0;
+        resolved = realpath(dir, NULL);
+        base = realpath(w->default_base, NULL);
+        if (!resolved || !base || !streq(resolved, base))
+                return strdup(path);
+        *migrated = true;
+        return TAKE_PTR(wanted);
+}
+
 int workspaces_load(Workspaces *w, const char *store_path, char **ret_error) {
         json_t *doc, *array, *v;
+        bool migrated = false;
         size_t i;
         int r;
 
@@ -134,7 +156,7 @@ int workspaces_load(Workspaces *w, const char *store_path, char **ret_error) {
                 }
                 ws->name = strdup(name);
                 ws->image = strdup(image);
-                ws->path = strdup(path);
+                ws->path = default_path_migrated(w, name, path, &migrated);
                 ws->owner = (uid_t) json_integer_value(json_object_get(v, "owner"));
                 ws->group = (gid_t) json_integer_value(json_object_get(v, "group"));
                 ws->limit = (uint64_t) json_integer_value(json_object_get(v, "limit"));
@@ -148,6 +170,9 @@ int workspaces_load(Workspaces *w, const char *store_path, char **ret_error) {
                 w->list = ws;
         }
         json_decref(doc);
+        /* Tried again at the next change if it fails now. */
+        if (migrated)
+                (void) workspaces_save(w);
         return 0;
 }
 

@@ -392,6 +392,35 @@ def check_relative_store(dev):
             store.path = absolute
 
 
+def check_linked_default_path(dev):
+    """A workspace whose default mount point an older daemon saved through
+    a symbolic link to the store's directory (it kept --store as given):
+    the next daemon names it without the link and mounts it, where a link
+    on a path of the owner's choosing is refused."""
+    with t.Store('workspace-linked') as store:
+        make_image(store)
+        link = os.path.join(store.tmp, 'link')
+        os.symlink(store.tmp, link)
+        with d.bus_and_daemon(store) as (bus, daemon):
+            d.cowbox(bus, 'workspace', 'create', 'linked', '--image', 'src-main', '--owner', 'cowbox-test-dev')
+            daemon.stop()
+            state = os.path.join(store.path + '-workspaces', '.workspaces.json')
+            doc = json.load(open(state))
+            real = doc['workspaces'][0]['path']
+            doc['workspaces'][0]['path'] = os.path.join(link, os.path.relpath(real, store.tmp))
+            with open(state, 'w') as f:
+                json.dump(doc, f)
+            subprocess.run(['umount', '-l', real])
+            daemon.start()
+            d.wait_for('the workspace to be mounted again',
+                       lambda: json.loads(d.cowbox(bus, '--json', 'workspace', 'show', 'linked').out)['state']
+                       == 'mounted')
+            shown = json.loads(d.cowbox(bus, '--json', 'workspace', 'show', 'linked').out)
+            t.check_equal(shown['path'], real, 'the mount point of a workspace saved through a link')
+            t.check_equal(json.load(open(state))['workspaces'][0]['path'], real, 'the saved mount point')
+            d.cowbox(bus, 'workspace', 'rm', 'linked')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -500,6 +529,7 @@ def run():
     check_misuse(dev, other)
     check_swapped_mount_point(dev)
     check_relative_store(dev)
+    check_linked_default_path(dev)
     check_disk_full()
 
 
