@@ -10,7 +10,8 @@
  *
  *   owner PID START_TIME BOOT_ID PID_NAMESPACE
  *   cgroup PATH
- *   snapshot NAME        (only once made, and only if the run deletes it)
+ *   snapshot UUID NAME   (only once made, and only if the run deletes it:
+ *                         whatever has the name later is not deleted)
  */
 
 #include <dirent.h>
@@ -154,10 +155,20 @@ typedef struct SnapshotRemoval {
         bool deleted, busy;
 } SnapshotRemoval;
 
-static void remove_snapshot(const char *name, void *userdata) {
+static void remove_snapshot(const char *value, void *userdata) {
+        _cleanup_(store_subvolume_info_clear) StoreSubvolumeInfo info = {};
         SnapshotRemoval *sr = userdata;
-        int r = store_subvolume_delete(sr->store, name, NULL);
+        const char *name = strchr(value, ' ');
+        int r;
 
+        if (!name)
+                return;
+        name++;
+        r = store_subvolume_show(sr->store, name, &info);
+        if (r == -ENOENT || (r >= 0 && strncmp(info.uuid, value, (size_t) (name - 1 - value)) != 0))
+                return; /* gone, or the name is another's now */
+        if (r >= 0)
+                r = store_subvolume_delete(sr->store, name, NULL);
         if (r >= 0)
                 sr->deleted = true;
         else if (r != -ENOENT)

@@ -847,6 +847,21 @@ finish:
         return r;
 }
 
+/* The snapshot by its UUID too: should it be deleted by hand after this
+ * run died, whatever takes its name later is not the run's. */
+static int record_snapshot(Store *s, RunRecord *record, const char *name) {
+        _cleanup_(store_subvolume_info_clear) StoreSubvolumeInfo info = {};
+        _cleanup_free_ char *value = NULL;
+        int r;
+
+        r = store_subvolume_show(s, name, &info);
+        if (r < 0)
+                return r;
+        if (asprintf(&value, "%s %s", info.uuid, name) < 0)
+                return -ENOMEM;
+        return run_record_add(record, "snapshot", value);
+}
+
 int sandbox_limit_growth(Store *s, const char *name, uint64_t bytes) {
         _cleanup_(store_subvolume_info_clear) StoreSubvolumeInfo info = {};
         uint64_t quota;
@@ -941,7 +956,7 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
         /* A snapshot kept under a name the caller chose is theirs; one
          * under a made-up name would be known to nobody. */
         if (!opts->in_source && !(opts->keep && opts->name))
-                r = run_record_add(&record, "snapshot", name);
+                r = record_snapshot(s, &record, name);
         if (r >= 0 && !opts->in_source && opts->disk_max > 0) {
                 r = sandbox_limit_growth(s, name, opts->disk_max);
                 if (r < 0)

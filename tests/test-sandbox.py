@@ -306,15 +306,22 @@ def check_caller_killed(store):
 
     kept, _ = start_killed_run(store, '--keep', '--name', 'killed-kept')
     t.check('killed-kept' in store.names(), 'a kept snapshot of a killed caller')
+    # Deleted by hand, and its name given to a subvolume of the user's: that
+    # one is not the killed run's to remove.
+    start_killed_run(store, '--name', 'reused')
+    store.delete('reused', reap=False)
+    store.create('reused')
 
     run(store, 'img', '--', '/probe', 'info')
     t.check(name not in store.names(), f'{name} after the next run: {store.names()}')
     t.check('killed-kept' in store.names(), 'a snapshot kept under a chosen name, after the next run')
+    t.check('reused' in store.names(), 'a subvolume that took the name of a killed run\'s snapshot')
     for n in (name, 'killed-kept'):
         t.check_equal(sandbox_cgroups(n), [], f'cgroups of {n} after the next run')
         t.check_equal(sorted(e for e in os.listdir(base) if e.startswith(n)), [],
                       f'what the run of {n} left in {base}')
     store.delete('killed-kept')
+    store.delete('reused')
 
 
 def check_exit_and_signals(store, tmp):
