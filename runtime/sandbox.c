@@ -43,8 +43,19 @@
 
 #define SERVER_READY_TIMEOUT_MS (30 * 1000)
 
-/* What init passes on to the task, and the outer child to init. */
+/* What init passes on to the task, and the outer child to init. Each of
+ * them keeps these blocked from its fork until its handler that passes
+ * them on knows where to: one that comes meanwhile waits, never lost. */
 static const int forwarded_signals[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 };
+
+static sigset_t forwarded_set(void) {
+        sigset_t set;
+
+        sigemptyset(&set);
+        for (size_t i = 0; i < ELEMENTSOF(forwarded_signals); i++)
+                sigaddset(&set, forwarded_signals[i]);
+        return set;
+}
 
 static const char *const default_env[] = {
         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -402,9 +413,18 @@ static void init_main(const Plan *p) {
         if (init_task < 0)
                 child_fail(p->error_fd, errno, "cannot start the task: %m");
         if (init_task == 0) {
+                sigset_t none;
+
                 for (size_t i = 0; i < ELEMENTSOF(forwarded_signals); i++)
                         (void) signal(forwarded[i], SIG_DFL);
+                sigemptyset(&none);
+                (void) sigprocmask(SIG_SETMASK, &none, NULL);
                 task_main(p);
+        }
+        {
+                sigset_t set = forwarded_set();
+
+                (void) sigprocmask(SIG_UNBLOCK, &set, NULL);
         }
         for (;;) {
                 pid = waitpid(-1, &status, 0);
@@ -684,6 +704,7 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
         _cleanup_free_ char *sandboxes = NULL, *mountpoint = NULL, *staging = NULL;
         SandboxOptions named = *opts;
         SandboxLimits limits = opts->limits;
+        sigset_t caller_mask;
         char cgroup_name[256];
         Cgroup cg = {};
         pid_t server = 0, outer;
@@ -732,7 +753,16 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
                 r = -errno;
                 goto finish;
         }
+        /* Blocked across the fork: the child must not take one with the
+         * caller's handler, which would keep it in the child's memory. */
+        {
+                sigset_t set = forwarded_set();
+
+                (void) sigprocmask(SIG_BLOCK, &set, &caller_mask);
+        }
         outer = fork();
+        if (outer != 0)
+                (void) sigprocmask(SIG_SETMASK, &caller_mask, NULL);
         if (outer < 0) {
                 r = -errno;
                 goto finish;
@@ -751,14 +781,13 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
                  * path. */
                 int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP |
                             (opts->host_network ? 0 : CLONE_NEWNET);
-                sigset_t none;
+                sigset_t forwarded = forwarded_set();
                 pid_t init;
                 int status;
 
                 close(errfds[0]);
                 close(syncfds[1]);
-                sigemptyset(&none);
-                (void) sigprocmask(SIG_SETMASK, &none, NULL);
+                (void) sigprocmask(SIG_SETMASK, &forwarded, NULL);
                 (void) prctl(PR_SET_PDEATHSIG, SIGKILL);
                 /* A session of its own: kill(0, ...) in the task must not
                  * reach the caller's process group. */
@@ -795,6 +824,7 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
                 init_task = init;
                 for (size_t i = 0; i < ELEMENTSOF(forwarded_signals); i++)
                         (void) signal(forwarded_signals[i], init_forward);
+                (void) sigprocmask(SIG_UNBLOCK, &forwarded, NULL);
                 while (waitpid(init, &status, 0) < 0 && errno == EINTR)
                         ;
                 _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));

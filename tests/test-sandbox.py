@@ -346,6 +346,21 @@ def check_exit_and_signals(store, tmp):
     t.check_equal((rep['exit_status'], rep['signal']), (7, 0), 'the report of a task that caught SIGTERM')
     t.check_equal(store.names(), before, 'subvolumes after a run ended by SIGTERM')
 
+    # Sent while the sandbox is being made, it is passed on as soon as
+    # there is a task: the task ends at once, by its handler or by the
+    # signal, never after its full sleep (or, sent before cowbox-store set
+    # its handlers, it ends cowbox-store before it made anything).
+    for delay in (0.02, 0.05, 0.1, 0.2):
+        start = time.monotonic()
+        p = subprocess.Popen([t.tool(), '--store', store.path, 'run', 'img', '--', '/probe', 'trap-term', '30'],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        p.send_signal(signal.SIGTERM)
+        p.wait(60)
+        t.check(p.returncode in (7, 128 + signal.SIGTERM, -signal.SIGTERM) and time.monotonic() - start < 15,
+                f'SIGTERM {delay} s into a run: exit status {p.returncode} after {time.monotonic() - start:.1f} s')
+    t.check_equal(store.names(), before, 'subvolumes after runs ended by SIGTERM early')
+
     out_path = os.path.join(tmp, 'userns-out')
     run(store, '--user-namespace', '300000', '--stdout', out_path, 'img', '--', '/probe', 'uidmap')
     t.check(t.read_file(out_path).split()[:3] == [b'uidmap', b'0', b'300000'],
