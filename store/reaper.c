@@ -427,7 +427,7 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
         int r;
 
         {
-                _cleanup_stmt_ sqlite3_stmt *st = NULL, *del = NULL;
+                _cleanup_stmt_ sqlite3_stmt *st = NULL, *del = NULL, *forget = NULL;
 
                 CATALOG_LOCKED(s);
                 r = sqlite_begin(s->catalog);
@@ -436,6 +436,9 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
                 r = sqlite_prepare(s->catalog, "SELECT digest, pack, offset, stored_len, raw_len FROM blocks", &st);
                 if (r >= 0)
                         r = sqlite_prepare(s->catalog, "DELETE FROM blocks WHERE digest = ?1", &del);
+                /* A block freed is forgotten as damaged too. */
+                if (r >= 0)
+                        r = sqlite_prepare(s->catalog, "DELETE FROM damaged_blocks WHERE digest = ?1", &forget);
                 while (r >= 0 && (r = sqlite_step_row(st)) > 0) {
                         Digest d;
 
@@ -459,6 +462,10 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
                         };
                         sqlite3_bind_blob(del, 1, d.bytes, sizeof d.bytes, SQLITE_STATIC);
                         r = sqlite_step_done(del);
+                        if (r >= 0) {
+                                sqlite3_bind_blob(forget, 1, d.bytes, sizeof d.bytes, SQLITE_STATIC);
+                                r = sqlite_step_done(forget);
+                        }
                 }
                 if (r >= 0)
                         r = sqlite_commit(s->catalog);

@@ -258,5 +258,15 @@ def run():
         for name in ('zeroed-compressible.txt', 'header-flipped.bin', 'shared-one.bin', 'shared-two.bin'):
             t.check(name not in r.output, f'scrub still names {name} once it was written again:\n{r.output}')
 
+        # Blocks freed are forgotten as damaged too.
+        catalog = J(store.path, 'catalog.db')
+        t.check(sqlite3.connect(catalog).execute('SELECT count(*) FROM damaged_blocks').fetchone()[0] > 0,
+                'blocks remembered as damaged')
+        store.delete('main', reap=False)
+        store.delete('copy', reap=False)
+        store.reap()
+        t.check_equal(sqlite3.connect(catalog).execute('SELECT count(*) FROM damaged_blocks').fetchone()[0], 0,
+                      'blocks remembered as damaged once nothing uses them')
+
 
 t.main(run)
