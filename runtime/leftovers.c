@@ -12,6 +12,10 @@
  *   cgroup PATH
  *   snapshot UUID NAME   (only once made, and only if the run deletes it:
  *                         whatever has the name later is not deleted)
+ *   made-up NAME         (before the snapshot is made, for a name the run
+ *                         made up of its PID: nobody else's, so it is
+ *                         deleted too if the run died before the line
+ *                         above)
  */
 
 #include <dirent.h>
@@ -152,6 +156,7 @@ static void remove_cgroup(const char *path, void *userdata) {
 
 typedef struct SnapshotRemoval {
         Store *store;
+        char made_up_prefix[32];        /* "sandbox-PID-" of the record's owner */
         bool deleted, busy;
 } SnapshotRemoval;
 
@@ -175,6 +180,19 @@ static void remove_snapshot(const char *value, void *userdata) {
                 sr->busy = true;
 }
 
+static void remove_made_up(const char *name, void *userdata) {
+        SnapshotRemoval *sr = userdata;
+        int r;
+
+        if (!sr->made_up_prefix[0] || !startswith(name, sr->made_up_prefix))
+                return;
+        r = store_subvolume_delete(sr->store, name, NULL);
+        if (r >= 0)
+                sr->deleted = true;
+        else if (r != -ENOENT)
+                sr->busy = true;
+}
+
 /* Removes what the record names, in the order that frees each: the
  * cgroups (killing what is left in them, a server too), the mount, the
  * directories, the snapshot. 1 if a snapshot was deleted, 0 if there was
@@ -192,6 +210,13 @@ static int remove_leftovers(Store *s, const char *dir_path, int dir_fd, const ch
         (void) unlinkat(dir_fd, base, AT_REMOVEDIR);
         (void) unlinkat(dir_fd, staging, AT_REMOVEDIR);
         record_foreach(text, "snapshot", remove_snapshot, &sr);
+        if (!strstr(text, "\nsnapshot ")) {
+                int pid;
+
+                if (sscanf(text, "owner %d ", &pid) == 1 && pid > 0)
+                        snprintf(sr.made_up_prefix, sizeof sr.made_up_prefix, "sandbox-%d-", pid);
+                record_foreach(text, "made-up", remove_made_up, &sr);
+        }
         if (sr.busy)
                 return -EAGAIN;
         (void) unlinkat(dir_fd, record_name, 0);

@@ -976,6 +976,15 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                 return r;
         }
 
+        /* A name made up of this process's PID is nobody else's: should
+         * this run die before the snapshot's own line, it goes too. */
+        if (!opts->in_source && !opts->name) {
+                r = run_record_add(&record, "made-up", name);
+                if (r < 0) {
+                        snprintf(error_text, error_size, "cannot write the sandbox's record: %s", strerror(-r));
+                        return r;
+                }
+        }
         r = opts->in_source ? 0 : store_subvolume_snapshot(s, opts->source, name, false);
         if (r < 0) {
                 snprintf(error_text, error_size, "cannot snapshot '%s' as '%s': %s", opts->source, name,

@@ -323,6 +323,23 @@ def check_caller_killed(store):
     store.delete('killed-kept')
     store.delete('reused')
 
+    # A run killed after it made its snapshot, before its record named it:
+    # the name it made up of its PID goes too, and only such a name.
+    dead = subprocess.Popen(['true'])
+    dead.wait()
+    boot_id = open('/proc/sys/kernel/random/boot_id').read().strip()
+    pidns = os.stat('/proc/self/ns/pid').st_ino
+    made_up = f'sandbox-{dead.pid}-0'
+    for name in (made_up, 'not-made-up'):
+        store.snapshot('img', name)
+        with open(f'{base}{name}.run', 'w') as f:
+            f.write(f'owner {dead.pid} 1 {boot_id} {pidns}\nmade-up {name}\n')
+    run(store, 'img', '--', '/probe', 'info')
+    t.check(made_up not in store.names() and 'not-made-up' in store.names(),
+            f'subvolumes after the records of a run killed before its snapshot\'s line: {store.names()}')
+    t.check(not os.path.exists(f'{base}{made_up}.run'), 'the record of a run killed before its snapshot\'s line')
+    store.delete('not-made-up')
+
 
 def check_exit_and_signals(store, tmp):
     """The report tells an exit status above 128 from a signal; SIGTERM to
