@@ -712,9 +712,12 @@ static int send_make(Sender *sd, const char *path, uint64_t ino, const struct st
         return r < 0 ? fail(sd, r, path, "send the new entry") : 0;
 }
 
-/* Owner, mode and the capability that chown clears, as btrfs sends them. */
+/* Owner, mode and the capability, as btrfs sends them, and what the
+ * receiver's own calls clear: chown clears the capability and the setuid
+ * and setgid bits, and a write or a truncation the capability (wrote: the
+ * data was sent). */
 static int send_owner_mode(Sender *sd, const char *path, uint64_t ino, const struct stat *st,
-                           const struct stat *old, bool *ret_changed) {
+                           const struct stat *old, bool wrote, bool *ret_changed) {
         bool owner = !old || old->st_uid != st->st_uid || old->st_gid != st->st_gid;
         int r;
 
@@ -724,13 +727,14 @@ static int send_owner_mode(Sender *sd, const char *path, uint64_t ino, const str
                         return fail(sd, r, path, "send the owner");
                 *ret_changed = true;
         }
-        if (!S_ISLNK(st->st_mode) && (!old || (old->st_mode & 07777) != (st->st_mode & 07777))) {
+        if (!S_ISLNK(st->st_mode) && (!old || (old->st_mode & 07777) != (st->st_mode & 07777) ||
+                                      (owner && (st->st_mode & (S_ISUID | S_ISGID))))) {
                 r = emit_mode(sd, path, st);
                 if (r < 0)
                         return fail(sd, r, path, "send the mode");
                 *ret_changed = true;
         }
-        return owner ? send_capability_again(sd, path, ino) : 0;
+        return owner || wrote ? send_capability_again(sd, path, ino) : 0;
 }
 
 static int send_link(Sender *sd, const char *path, const char *existing) {
@@ -771,7 +775,7 @@ static int send_new_entry(Sender *sd, const char *path, const VolumeDirent *e) {
         if (r >= 0 && S_ISREG(st.st_mode))
                 r = send_new_data(sd, path, e->ino, &st, &changed);
         if (r >= 0)
-                r = send_owner_mode(sd, path, e->ino, &st, NULL, &changed);
+                r = send_owner_mode(sd, path, e->ino, &st, NULL, false, &changed);
         if (r >= 0 && S_ISDIR(st.st_mode))
                 r = sd->parent ? diff_place(sd, e->ino, path) : send_new_children(sd, path, e->ino);
         if (r >= 0) {
@@ -1096,7 +1100,7 @@ static int remove_unplaced_orphans(Sender *sd) {
 /* Changes an inode that stays in place: xattrs, data, owner, mode, times. */
 static int update_inode(Sender *sd, const char *path, uint64_t ino, bool touched) {
         struct stat st, old;
-        bool changed = touched;
+        bool changed = touched, wrote = false;
         int r;
 
         r = volume_getattr(sd->image, ino, &st);
@@ -1107,11 +1111,12 @@ static int update_inode(Sender *sd, const char *path, uint64_t ino, bool touched
 
         r = send_xattrs(sd, path, ino, ino, &changed);
         if (r >= 0 && S_ISREG(st.st_mode))
-                r = send_data(sd, path, ino, &st, ino, &old, &changed);
+                r = send_data(sd, path, ino, &st, ino, &old, &wrote);
         if (r >= 0)
-                r = send_owner_mode(sd, path, ino, &st, &old, &changed);
+                r = send_owner_mode(sd, path, ino, &st, &old, wrote, &changed);
         if (r < 0)
                 return r;
+        changed |= wrote;
         if (changed || st.st_mtim.tv_sec != old.st_mtim.tv_sec || st.st_mtim.tv_nsec != old.st_mtim.tv_nsec ||
             st.st_atim.tv_sec != old.st_atim.tv_sec || st.st_atim.tv_nsec != old.st_atim.tv_nsec) {
                 r = emit_times(sd, path, &st);
@@ -1193,7 +1198,7 @@ static int send_stream(Sender *sd) {
                         return fail(sd, r, "", "read the attributes");
                 r = send_xattrs(sd, "", VOLUME_ROOT_INO, 0, &changed);
                 if (r >= 0)
-                        r = send_owner_mode(sd, "", VOLUME_ROOT_INO, &root, NULL, &changed);
+                        r = send_owner_mode(sd, "", VOLUME_ROOT_INO, &root, NULL, false, &changed);
                 if (r >= 0)
                         r = send_new_children(sd, "", VOLUME_ROOT_INO);
                 if (r < 0)

@@ -13,6 +13,7 @@ first image keeps its content while the next version is received."""
 
 import os
 import random
+import struct
 import subprocess
 import sys
 
@@ -97,6 +98,42 @@ def check_sparse(store, fs, out):
                           f'{name}/big: around its data at 1 TiB, in btrfs')
         want = dense[:block] + bytes(block) + dense[2 * block:] if punched else dense
         t.check_bytes(t.read_file(os.path.join(root, 'dense')), want, f'{name}/dense in btrfs')
+
+
+# security.capability of cap_net_raw, effective (struct vfs_cap_data, revision 2).
+CAPABILITY = struct.pack('<IIIII', 0x02000001, 1 << 13, 0, 0, 0)
+
+
+def check_cleared_by_receive(store, fs, out):
+    """What btrfs receive's own calls clear is sent again in an increment:
+    the capability of a file whose data changed (a write clears it), and
+    the setuid bit of a file whose owner changed (a chown clears it)."""
+    store.create('capw')
+    with store.mount('capw') as m:
+        t.write_file(m.p('cap'), t.random_bytes(100000, 31))
+        os.setxattr(m.p('cap'), 'security.capability', CAPABILITY)
+        t.write_file(m.p('suid'), b'#!/bin/sh\n')
+        os.chmod(m.p('suid'), 0o4755)
+    store.snapshot('capw', 'cap0', readonly=True)
+    with store.mount('capw') as m:
+        with open(m.p('cap'), 'r+b') as f:
+            f.seek(12288)
+            f.write(t.random_bytes(4096, 32))
+        os.setxattr(m.p('cap'), 'security.capability', CAPABILITY)
+        os.chown(m.p('suid'), 5, 5)
+        os.chmod(m.p('suid'), 0o4755)
+    store.snapshot('capw', 'cap1', readonly=True)
+    dest = os.path.join(fs, 'recv-cap')
+    os.mkdir(dest)
+    store.run('send', '-f', out('cap0'), 'cap0')
+    store.run('send', '-p', 'cap0', '-f', out('cap1'), 'cap1')
+    for name in ('cap0', 'cap1'):
+        st.btrfs('receive', '-f', out(name), dest)
+        got = os.path.join(dest, name)
+        t.check_bytes(os.getxattr(os.path.join(got, 'cap'), 'security.capability'), CAPABILITY,
+                      f'the capability of {name}/cap received by btrfs')
+        t.check_equal(os.stat(os.path.join(got, 'suid')).st_mode & 0o7777, 0o4755,
+                      f'the mode of {name}/suid received by btrfs')
 
 
 def run():
@@ -201,6 +238,7 @@ def run():
             compare_image(other, 'back2', refs['v2'])
 
         check_sparse(store, fs, out)
+        check_cleared_by_receive(store, fs, out)
 
         # The incremental stream carries the change, not the tree.
         full = os.path.getsize(out('v1.p1'))
