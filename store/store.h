@@ -60,8 +60,9 @@ typedef struct StoreSubvolumeInfo {
 
         /* Space, in bytes: logical is what the files hold (the sum of their
          * sizes); referenced is what the layers of its stack store on disk
-         * after compression and deduplication; exclusive is what deleting
-         * it would free (the layers only it uses). */
+         * after compression and deduplication; exclusive is what the
+         * layers only it uses store, what deleting it frees at most (less
+         * where another subvolume's layers hold the same blocks). */
         uint64_t logical_bytes;
         uint64_t referenced_bytes;
         uint64_t exclusive_bytes;
