@@ -27,3 +27,15 @@ static inline bool streq_dot(const char *s) {
 #define FOREACH_STRING(x, ...)                                                      \
         for (const char *const *_l_ = (const char *const[]) { __VA_ARGS__, NULL }, *x; \
              (x = *_l_); _l_++)
+
+/* Whether a component of path is "..", or, with dot, ".". */
+static inline bool path_has_dot_component(const char *path, bool dot) {
+        for (const char *p = path; *p;) {
+                size_t n = strcspn(p, "/");
+
+                if ((n == 2 && p[0] == '.' && p[1] == '.') || (dot && n == 1 && p[0] == '.'))
+                        return true;
+                p += n + (p[n] == '/');
+        }
+        return false;
+}

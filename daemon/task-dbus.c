@@ -238,18 +238,7 @@ static const ApiOption task_options[] = {
 /* Absolute, without '.' or '..' components: what the task sees is the
  * path it names, whatever the directories under it. */
 static bool path_is_plain_absolute(const char *path) {
-        if (path[0] != '/')
-                return false;
-        for (const char *p = path; *p;) {
-                size_t k;
-
-                p += strspn(p, "/");
-                k = strcspn(p, "/");
-                if ((k == 1 && p[0] == '.') || (k == 2 && p[0] == '.' && p[1] == '.'))
-                        return false;
-                p += k;
-        }
-        return true;
+        return path[0] == '/' && !path_has_dot_component(path, true);
 }
 
 static uint64_t cpu_percent_max(void) {

@@ -92,18 +92,6 @@ static int mkdir_p(const char *path, mode_t mode) {
         return mkdir(buf, mode) < 0 && errno != EEXIST ? -errno : 0;
 }
 
-/* Whether a component of path is "..". */
-static bool path_has_dot_dot(const char *path) {
-        for (const char *p = path; *p;) {
-                size_t n = strcspn(p, "/");
-
-                if (n == 2 && p[0] == '.' && p[1] == '.')
-                        return true;
-                p += n + (p[n] == '/');
-        }
-        return false;
-}
-
 /* Whether a component of path past its first skip bytes is a symbolic
  * link. */
 static bool path_has_symlink(const char *path, size_t skip) {
@@ -920,7 +908,7 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                 return -EINVAL;
         }
         if (opts->shape == SANDBOX_WORKDIR && (!opts->workdir || opts->workdir[0] != '/' ||
-                                               path_has_dot_dot(opts->workdir) || streq(opts->workdir, "/"))) {
+                                               path_has_dot_component(opts->workdir, false) || streq(opts->workdir, "/"))) {
                 snprintf(error_text, error_size, "the working tree's path must be absolute, without '..', and "
                          "not '/'");
                 return -EINVAL;
