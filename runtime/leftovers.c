@@ -160,6 +160,15 @@ typedef struct SnapshotRemoval {
         bool deleted, busy;
 } SnapshotRemoval;
 
+static void snapshot_delete(SnapshotRemoval *sr, const char *name) {
+        int r = store_subvolume_delete(sr->store, name, NULL);
+
+        if (r >= 0)
+                sr->deleted = true;
+        else if (r != -ENOENT)
+                sr->busy = true;
+}
+
 static void remove_snapshot(const char *value, void *userdata) {
         _cleanup_(store_subvolume_info_clear) StoreSubvolumeInfo info = {};
         SnapshotRemoval *sr = userdata;
@@ -172,25 +181,17 @@ static void remove_snapshot(const char *value, void *userdata) {
         r = store_subvolume_show(sr->store, name, &info);
         if (r == -ENOENT || (r >= 0 && strncmp(info.uuid, value, (size_t) (name - 1 - value)) != 0))
                 return; /* gone, or the name is another's now */
-        if (r >= 0)
-                r = store_subvolume_delete(sr->store, name, NULL);
-        if (r >= 0)
-                sr->deleted = true;
-        else if (r != -ENOENT)
+        if (r < 0)
                 sr->busy = true;
+        else
+                snapshot_delete(sr, name);
 }
 
 static void remove_made_up(const char *name, void *userdata) {
         SnapshotRemoval *sr = userdata;
-        int r;
 
-        if (!sr->made_up_prefix[0] || !startswith(name, sr->made_up_prefix))
-                return;
-        r = store_subvolume_delete(sr->store, name, NULL);
-        if (r >= 0)
-                sr->deleted = true;
-        else if (r != -ENOENT)
-                sr->busy = true;
+        if (sr->made_up_prefix[0] && startswith(name, sr->made_up_prefix))
+                snapshot_delete(sr, name);
 }
 
 /* Removes what the record names, in the order that frees each: the
