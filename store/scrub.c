@@ -26,7 +26,8 @@
 
 typedef struct LayerPool {
         uint64_t ids[LAYER_POOL_MAX];
-        sqlite3 *dbs[LAYER_POOL_MAX];   /* NULL: the layer has no database */
+        sqlite3 *dbs[LAYER_POOL_MAX];   /* NULL: the layer has no database, or it is lost */
+        int results[LAYER_POOL_MAX];    /* of opening it: 0, -ENOENT (none) or -EUCLEAN (lost) */
         size_t n;
 } LayerPool;
 
@@ -68,20 +69,10 @@ static void stack_done(Stack *st) {
         *st = (Stack) {};
 }
 
-/* Whether a layer's database was made but is missing (1), or cannot be
- * opened (1), or is fine or was never made (0). */
-static int layer_lost(Store *s, uint64_t id) {
-        _cleanup_sqlite_ sqlite3 *db = NULL;
-        int r = layer_open(s, id, LAYER_READ_FROZEN, &db);
-
-        if (r == -EUCLEAN)
-                return 1;
-        return r == -ENOENT ? 0 : r < 0 ? r : 0;
-}
-
-/* A frozen layer from the pool, opened there if it has room: 1 if pooled
- * (*ret may be NULL: no database), 0 if the caller is to open it. */
-static int layer_pool_get(Store *s, LayerPool *pool, uint64_t id, sqlite3 **ret) {
+/* A frozen layer from the pool, opened there if it has room: 1 if pooled,
+ * with the result of opening it (*ret NULL where it has no database, or
+ * it is lost), 0 if the caller is to open it. */
+static int layer_pool_get(Store *s, LayerPool *pool, uint64_t id, sqlite3 **ret, int *ret_result) {
         int r;
 
         if (!pool)
@@ -89,17 +80,19 @@ static int layer_pool_get(Store *s, LayerPool *pool, uint64_t id, sqlite3 **ret)
         for (size_t i = 0; i < pool->n; i++)
                 if (pool->ids[i] == id) {
                         *ret = pool->dbs[i];
+                        *ret_result = pool->results[i];
                         return 1;
                 }
         if (pool->n == LAYER_POOL_MAX)
                 return 0;
+        pool->dbs[pool->n] = NULL;
         r = layer_open(s, id, LAYER_READ_FROZEN, &pool->dbs[pool->n]);
-        if (r == -ENOENT || r == -EUCLEAN)
-                pool->dbs[pool->n] = NULL;      /* none, or lost: stack_open() tells which */
-        else if (r < 0)
+        if (r < 0 && r != -ENOENT && r != -EUCLEAN)
                 return r;
         pool->ids[pool->n] = id;
+        pool->results[pool->n] = r;
         *ret = pool->dbs[pool->n++];
+        *ret_result = r;
         return 1;
 }
 
@@ -122,28 +115,18 @@ static int stack_open(Store *s, const SubvolumeRecord *rec, LayerPool *pool, Sta
         for (size_t i = 0; i < ret->n; i++) {
                 /* Frozen layers never change: read without locks. */
                 bool frozen = i > 0 || rec->readonly;
+                int pooled = frozen ? layer_pool_get(s, pool, ret->ids[i], &ret->dbs[i], &r) : 0;
 
-                if (frozen) {
-                        r = layer_pool_get(s, pool, ret->ids[i], &ret->dbs[i]);
-                        if (r < 0)
-                                return r;
-                        ret->pooled[i] = r > 0;
-                        if (r > 0 && (ret->dbs[i] || layer_lost(s, ret->ids[i]) == 0))
-                                continue;
-                        if (r > 0) {
-                                r = -EUCLEAN;
-                                goto lost;
-                        }
-                }
-                r = layer_open(s, ret->ids[i], frozen ? LAYER_READ_FROZEN : LAYER_READ, &ret->dbs[i]);
-                if (r == -ENOENT)
-                        continue;
-        lost:
-                /* Read as if empty, for reports to name what they can;
-                 * checks of the tree know it is not. */
+                if (pooled < 0)
+                        return pooled;
+                ret->pooled[i] = pooled > 0;
+                if (!pooled)
+                        r = layer_open(s, ret->ids[i], frozen ? LAYER_READ_FROZEN : LAYER_READ, &ret->dbs[i]);
+                /* Lost: read as if empty, for reports to name what they
+                 * can; checks of the tree know it is not. */
                 if (r == -EUCLEAN && ret->lost_layer == 0)
                         ret->lost_layer = ret->ids[i];
-                if (r < 0 && r != -EUCLEAN)
+                if (r < 0 && r != -ENOENT && r != -EUCLEAN)
                         return r;
         }
         return 0;
