@@ -32,6 +32,7 @@ typedef struct ProcessIdentity {
         pid_t pid;
         unsigned long long start_time;
         char boot_id[40];
+        char state;             /* field 3: 'Z' or 'X' for one that is gone but for its entry */
 } ProcessIdentity;
 
 static inline int process_identity(pid_t pid, ProcessIdentity *ret) {
@@ -47,8 +48,8 @@ static inline int process_identity(pid_t pid, ProcessIdentity *ret) {
                 return -EIO;
         /* The name may hold spaces and parentheses: fields follow the last ')'. */
         p = strrchr(line, ')');
-        if (!p || sscanf(p + 1, "%*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu",
-                         &ret->start_time) != 1)
+        if (!p || sscanf(p + 1, " %c %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %llu",
+                         &ret->state, &ret->start_time) != 2)
                 return -EIO;
         boot = fopen("/proc/sys/kernel/random/boot_id", "re");
         if (!boot || !fgets(ret->boot_id, sizeof ret->boot_id, boot))
@@ -61,7 +62,7 @@ static inline int process_identity(pid_t pid, ProcessIdentity *ret) {
 static inline bool process_identity_alive(const ProcessIdentity *id) {
         ProcessIdentity now;
 
-        if (process_identity(id->pid, &now) < 0 || process_is_exiting(id->pid))
+        if (process_identity(id->pid, &now) < 0 || now.state == 'Z' || now.state == 'X')
                 return false;
         return now.start_time == id->start_time && streq(now.boot_id, id->boot_id);
 }
