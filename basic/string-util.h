@@ -28,6 +28,11 @@ static inline bool streq_dot(const char *s) {
         for (const char *const *_l_ = (const char *const[]) { __VA_ARGS__, NULL }, *x; \
              (x = *_l_); _l_++)
 
+/* Whether path is made of slashes only: the root, however written. */
+static inline bool path_is_root(const char *path) {
+        return path[0] == '/' && !path[strspn(path, "/")];
+}
+
 /* Whether a component of path is "..", or, with dot, ".". */
 static inline bool path_has_dot_component(const char *path, bool dot) {
         for (const char *p = path; *p;) {

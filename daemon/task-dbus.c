@@ -274,8 +274,7 @@ int task_check(const char *source, char **argv, const char *options, json_t **re
         else if (hostname && (strlen(hostname) == 0 || strlen(hostname) > HOST_NAME_MAX))
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"hostname\" must be 1 to %d bytes.",
                                       HOST_NAME_MAX);
-        else if (workdir && (!path_is_plain_absolute(workdir) || strstr(workdir, "..") ||
-                             !workdir[strspn(workdir, "/")]))
+        else if (workdir && (!path_is_plain_absolute(workdir) || path_is_root(workdir)))
                 /* The runtime refuses it too, but only once the job runs. */
                 r = sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Option \"workdir\" must be an absolute path "
                                       "without '.' or '..' components, and not '/'.");

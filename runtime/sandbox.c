@@ -908,9 +908,12 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                 return -EINVAL;
         }
         if (opts->shape == SANDBOX_WORKDIR && (!opts->workdir || opts->workdir[0] != '/' ||
-                                               path_has_dot_component(opts->workdir, false) || streq(opts->workdir, "/"))) {
-                snprintf(error_text, error_size, "the working tree's path must be absolute, without '..', and "
-                         "not '/'");
+                                               path_has_dot_component(opts->workdir, true) ||
+                                               path_is_root(opts->workdir))) {
+                /* "/." or "//" would make the host's root the working tree,
+                 * writable from inside. */
+                snprintf(error_text, error_size, "the working tree's path must be absolute, without '.' or '..' "
+                         "components, and not '/'");
                 return -EINVAL;
         }
         for (char *const *p = opts->keep_capabilities; p && *p; p++)

@@ -114,6 +114,9 @@ def check_task_options(bus):
     t.check_equal(json.loads(d.cowbox(bus, '--json', 'sandbox', 'list').out), [], 'sandboxes after the refusals')
     report = run_json(bus, '/bin/pwd')
     t.check_equal(report['stdout'], WORKDIR + '\n', 'the working directory of a task by default')
+    # Only whole components are refused: "..w" is a name like any other.
+    report = json.loads(d.cowbox(bus, '--json', 'run', '--workdir', '/tmp/..w', 'base', '--', '/bin/pwd').out)
+    t.check_equal(report['stdout'], '/tmp/..w\n', 'a task whose working tree\'s name starts with ".."')
     r = d.gdbus_call(bus, 'RunTask', 'base', "['/bin/true']", json.dumps({'userns_base': 4294901758}))
     t.check('/org/cowbox1/job/' in r.out, f'a user namespace whose last ID is 2^32 - 2 is taken: {r.out}')
     d.wait_for('the task to end', lambda: json.loads(d.cowbox(bus, '--json', 'jobs').out) == [])
@@ -230,7 +233,9 @@ def check_waiters_of_one_caller(bus):
     time.sleep(1)
     d.cowbox(bus, 'sandbox', 'kill', 'waited')
     _, err = waiter.communicate(timeout=60)
-    t.check('Too many' not in err and 'without a result' not in err and 'exit status' in err,
+    # On a loaded machine the kill can come before the task runs: a
+    # sandbox killed without a result is an answer too.
+    t.check('Too many' not in err and ('exit status' in err or "'waited' killed without a result" in err),
             f'a wait beside a caller that waits many times:\n{err}')
     replies = raw.received(1)
     t.check(b'"state":"killed"' in replies, 'the waits of the raw caller are answered')

@@ -252,6 +252,12 @@ def check_escapes(store):
     t.check('symbolic link' in r.err, f'a working tree through a symbolic link:\n{r.err}')
     t.check_equal(os.listdir(target), [], 'the directory a working tree\'s symbolic link points to')
 
+    # The host's root, however written, is no working tree: it would be
+    # writable from inside.
+    for path in ('//', '/.', '/./'):
+        r = store.run('run', '--workdir', path, 'img', '--', '/probe', 'info', expect=1)
+        t.check('working tree' in r.err, f'the working tree {path!r}:\n{r.err}')
+
 
 def sandbox_cgroups(name):
     """The cgroup directories of the sandbox name, in every hierarchy."""
