@@ -19,6 +19,7 @@
 #include "api.h"
 #include "cleanup.h"
 #include "manager.h"
+#include "process-util.h"
 #include "runtime.h"
 #include "string-util.h"
 
@@ -164,7 +165,7 @@ void task_remove_stale_outputs(const char *store_path) {
                 pid = strtol(p, &end, 10);
                 if (*end != '-' || strlen(end + 1) != 6 || pid <= 0 || pid > INT_MAX)
                         continue;
-                if (kill((pid_t) pid, 0) < 0 && errno == ESRCH)
+                if (process_is_exiting((pid_t) pid))
                         (void) unlinkat(dirfd(dir), de->d_name, 0);
         }
 }

@@ -22,7 +22,6 @@
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <lzo/lzo1x.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +32,7 @@
 #include <zstd.h>
 
 #include "images-internal.h"
+#include "process-util.h"
 #include "string-util.h"
 #include "time-util.h"
 
@@ -886,29 +886,6 @@ finish:
         return r;
 }
 
-/* Whether pid is a live process: a zombie whose parent died before it
- * reaped it is not. */
-static bool process_alive(pid_t pid) {
-        char path[64], buf[256];
-        const char *state;
-        ssize_t n;
-        int fd;
-
-        if (kill(pid, 0) < 0 && errno == ESRCH)
-                return false;
-        snprintf(path, sizeof path, "/proc/%d/stat", (int) pid);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return errno != ENOENT;
-        n = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (n <= 0)
-                return true;
-        buf[n] = 0;
-        state = strrchr(buf, ')');
-        return !(state && state[1] == ' ' && (state[2] == 'Z' || state[2] == 'X'));
-}
-
 int image_remove_stale_receives(Store *s) {
         _cleanup_strv_free_ char **names = NULL;
         int r, removed = 0;
@@ -933,7 +910,7 @@ int image_remove_stale_receives(Store *s) {
                 counter = strtoul(end + 1, &end, 10);
                 if (*end != 0 || pid <= 0 || counter > UINT_MAX)
                         continue;
-                if (process_alive((pid_t) pid))
+                if (!process_is_exiting((pid_t) pid))
                         continue;
                 /* One still mounted stays: its lock is taken, the delete fails. */
                 if (store_subvolume_delete(s, *name, NULL) >= 0)

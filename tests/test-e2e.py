@@ -212,11 +212,19 @@ def run():
             # less than a minute ago looks for them every 2 s).
             left = sorted(os.listdir(store.path + '-sandboxes'))
             t.check(any(e.startswith(f'output-{worker}-') for e in left), f'what a killed worker left: {left}')
+            # A worker that is a zombie is gone too; a live one keeps its files.
+            zombie = subprocess.Popen(['true'])
+            d.wait_for('a zombie', lambda: open(f'/proc/{zombie.pid}/stat').read().rsplit(')', 1)[1][1] == 'Z')
+            live = f'output-{os.getpid()}-AbCdEf'
+            for name in (f'output-{zombie.pid}-AbCdEf', live):
+                open(os.path.join(store.path + '-sandboxes', name), 'w').close()
             daemon.stop()
             daemon.start()
             d.wait_for('the killed worker\'s task to leave nothing', lambda: no_sandboxes_left(store))
             left = [e for e in os.listdir(store.path + '-sandboxes') if not e.startswith('.')]
-            t.check_equal(left, [], 'files of sandboxes after a restart')
+            t.check_equal(left, [live], 'files of sandboxes after a restart')
+            os.unlink(os.path.join(store.path + '-sandboxes', live))
+            zombie.wait()
 
             # Sandboxes with a life of their own: their snapshot stays theirs
             # between runs, a kill ends a run, a restart of the daemon
