@@ -10,12 +10,12 @@
  *
  *   owner PID START_TIME BOOT_ID PID_NAMESPACE
  *   cgroup PATH
- *   snapshot UUID NAME   (only once made, and only if the run deletes it:
- *                         whatever has the name later is not deleted)
- *   made-up NAME         (before the snapshot is made, for a name the run
- *                         made up of its PID: nobody else's, so it is
- *                         deleted too if the run died before the line
- *                         above)
+ *   snapshot UUID NAME   (before the snapshot is made, with the UUID it
+ *                         is to have, and only if the run deletes it: a
+ *                         subvolume NAME with another UUID is not deleted)
+ *   made-up NAME         (written by earlier versions before their
+ *                         snapshot, for a name made up of the runner's
+ *                         PID; still honoured for their records)
  */
 
 #include <dirent.h>

@@ -867,15 +867,10 @@ finish:
 
 /* The snapshot by its UUID too: should it be deleted by hand after this
  * run died, whatever takes its name later is not the run's. */
-static int record_snapshot(Store *s, RunRecord *record, const char *name) {
-        _cleanup_(store_subvolume_info_clear) StoreSubvolumeInfo info = {};
+static int record_snapshot(RunRecord *record, const char *uuid, const char *name) {
         _cleanup_free_ char *value = NULL;
-        int r;
 
-        r = store_subvolume_show(s, name, &info);
-        if (r < 0)
-                return r;
-        if (asprintf(&value, "%s %s", info.uuid, name) < 0)
+        if (asprintf(&value, "%s %s", uuid, name) < 0)
                 return -ENOMEM;
         return run_record_add(record, "snapshot", value);
 }
@@ -898,7 +893,7 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
         static unsigned counter;
         _cleanup_free_ char *sandboxes = NULL;
         _cleanup_(run_record_remove) RunRecord record = { .fd = -EBADF };
-        char name[STORE_NAME_MAX + 1];
+        char name[STORE_NAME_MAX + 1], uuid[37];
         int r, k;
 
         *ret = (SandboxResult) {};
@@ -967,32 +962,30 @@ int sandbox_run(Store *s, const SandboxOptions *opts, SandboxResult *ret, char *
                 return r;
         }
 
-        /* A name made up of this process's PID is nobody else's: should
-         * this run die before the snapshot's own line, it goes too. */
-        if (!opts->in_source && !opts->name) {
-                r = run_record_add(&record, "made-up", name);
-                if (r < 0) {
-                        snprintf(error_text, error_size, "cannot write the sandbox's record: %s", strerror(-r));
-                        return r;
-                }
+        /* The snapshot is written down before it is made, by the UUID it
+         * is to have: should this run die at any point, the next removes
+         * it, and never another subvolume that has the name by then. A
+         * snapshot kept under a name the caller chose is theirs; one under
+         * a made-up name would be known to nobody. */
+        r = store_uuid_new(uuid);
+        if (r >= 0 && !opts->in_source && !(opts->keep && opts->name))
+                r = record_snapshot(&record, uuid, name);
+        if (r < 0) {
+                snprintf(error_text, error_size, "cannot write the sandbox's record: %s", strerror(-r));
+                return r;
         }
-        r = opts->in_source ? 0 : store_subvolume_snapshot(s, opts->source, name, false);
+        r = opts->in_source ? 0 : store_subvolume_snapshot_as(s, opts->source, name, false, uuid);
         if (r < 0) {
                 snprintf(error_text, error_size, "cannot snapshot '%s' as '%s': %s", opts->source, name,
                          store_strerror(r) ? store_strerror(r) : strerror(-r));
                 return r;
         }
         ret->snapshot = strdup(name);
-        /* A snapshot kept under a name the caller chose is theirs; one
-         * under a made-up name would be known to nobody. */
-        if (!opts->in_source && !(opts->keep && opts->name))
-                r = record_snapshot(s, &record, name);
-        if (r >= 0 && !opts->in_source && opts->disk_max > 0) {
+        if (!opts->in_source && opts->disk_max > 0) {
                 r = sandbox_limit_growth(s, name, opts->disk_max);
                 if (r < 0)
                         snprintf(error_text, error_size, "cannot limit the snapshot's growth: %s", strerror(-r));
-        } else if (r < 0)
-                snprintf(error_text, error_size, "cannot write the sandbox's record: %s", strerror(-r));
+        }
         if (r >= 0)
                 r = run_task(s, opts, name, &record, ret, error_text, error_size);
 

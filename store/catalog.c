@@ -481,14 +481,28 @@ static int set_top_layer(Store *s, uint64_t subvolume, uint64_t layer) {
         return sqlite_step_done(st);
 }
 
-static int insert_snapshot_record(Store *s, const SubvolumeRecord *source, const char *name,
-                                  bool readonly, uint64_t top) {
+/* Deleted subvolumes count until reaped: a UUID names one subvolume ever. */
+static int check_uuid_free(Store *s, const char *uuid) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
-        uint64_t transid;
-        char uuid[37];
         int r;
 
-        r = uuid_generate_string(uuid);
+        r = sqlite_prepare(s->catalog, "SELECT 1 FROM subvolumes WHERE uuid = ?1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_text(st, 1, uuid, -1, SQLITE_STATIC);
+        r = sqlite_step_row(st);
+        if (r < 0)
+                return r;
+        return r > 0 ? -EEXIST : 0;
+}
+
+static int insert_snapshot_record(Store *s, const SubvolumeRecord *source, const char *name,
+                                  bool readonly, uint64_t top, const char *uuid) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        uint64_t transid;
+        int r;
+
+        r = check_uuid_free(s, uuid);
         if (r < 0)
                 return r;
         r = catalog_next_transid(s, &transid);
@@ -532,7 +546,7 @@ static int check_top_layer(Store *s, const SubvolumeRecord *rec) {
         return (uint64_t) sqlite3_column_int64(st, 0) == rec->top_layer ? 0 : -ESTALE;
 }
 
-int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, bool readonly) {
+int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, bool readonly, const char *uuid) {
         uint64_t frozen = source->top_layer, snapshot_top = frozen, source_top;
         int r;
 
@@ -557,7 +571,7 @@ int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, 
                 if (r < 0)
                         goto fail;
         }
-        r = insert_snapshot_record(s, source, name, readonly, snapshot_top);
+        r = insert_snapshot_record(s, source, name, readonly, snapshot_top, uuid);
         if (r < 0)
                 goto fail;
         return sqlite_commit(s->catalog);

@@ -14,8 +14,10 @@
  * the store's directory, which only those who may open the store have
  * (a sandbox's task never sees it).
  *
- * Request: "snapshot <0|1 read-only> <name>\n", the store's directory
- * passed with its first byte. Reply: "<errno or 0>\n".
+ * Request: "snapshot-as <0|1 read-only> <uuid> <name>\n", the store's
+ * directory passed with its first byte. Reply: "<errno or 0>\n". Servers
+ * started before the UUID was sent also take "snapshot <0|1> <name>\n",
+ * the request of clients of their age.
  */
 
 #include <errno.h>
@@ -30,7 +32,7 @@
 
 #include "store-internal.h"
 
-#define REQUEST_MAX (STORE_NAME_MAX + 32)
+#define REQUEST_MAX (STORE_NAME_MAX + 64)
 /* A peer that connects and says nothing must not stop the server's
  * snapshots for long. */
 #define REQUEST_TIMEOUT_SEC 5
@@ -120,10 +122,38 @@ static int receive_store_proof(ControlServer *c, int fd, char *ret_first) {
         return 0;
 }
 
+static int parse_and_take_snapshot(ControlServer *c, char *request, char uuid[static 37]) {
+        const char *flag, *name;
+        int r;
+
+        if (startswith(request, "snapshot-as ")) {
+                flag = request + strlen("snapshot-as ");
+                if (!flag[0] || flag[1] != ' ' || strlen(flag + 2) < 38 || flag[2 + 36] != ' ')
+                        return -EBADMSG;
+                memcpy(uuid, flag + 2, 36);
+                uuid[36] = 0;
+                name = flag + 2 + 37;
+        } else if (startswith(request, "snapshot ")) {
+                flag = request + strlen("snapshot ");
+                if (!flag[0] || flag[1] != ' ')
+                        return -EBADMSG;
+                r = store_uuid_new(uuid);
+                if (r < 0)
+                        return r;
+                name = flag + 2;
+        } else
+                return -EBADMSG;
+        if (flag[0] != '0' && flag[0] != '1')
+                return -EBADMSG;
+        if (!store_name_is_valid(name) || !uuid_string_is_valid(uuid))
+                return -EINVAL;
+        return volume_take_snapshot(c->volume, name, flag[0] == '1', uuid);
+}
+
 static int handle_request(ControlServer *c, int fd) {
         struct timeval timeout = { .tv_sec = REQUEST_TIMEOUT_SEC };
         char buf[REQUEST_MAX + 1];
-        const char *name;
+        char uuid[37];
         int r;
 
         if (!peer_is_trusted(fd))
@@ -135,12 +165,7 @@ static int handle_request(ControlServer *c, int fd) {
         r = read_line(fd, buf + 1, sizeof buf - 1);
         if (r < 0)
                 return r;
-        if (strncmp(buf, "snapshot ", 9) != 0 || (buf[9] != '0' && buf[9] != '1') || buf[10] != ' ')
-                return -EBADMSG;
-        name = buf + 11;
-        if (!store_name_is_valid(name))
-                return -EINVAL;
-        return volume_take_snapshot(c->volume, name, buf[9] == '1');
+        return parse_and_take_snapshot(c, buf, uuid);
 }
 
 static void *control_main(void *userdata) {
@@ -247,7 +272,7 @@ static int send_with_store(Store *s, int fd, const char *text, size_t size) {
         return 0;
 }
 
-int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly) {
+int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly, const char *uuid) {
         _cleanup_close_ int fd = -EBADF;
         struct sockaddr_un sa;
         socklen_t len = control_address(s, subvolume_id, &sa);
@@ -262,7 +287,7 @@ int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, 
         if (connect(fd, (struct sockaddr *) &sa, len) < 0)
                 return errno == ECONNREFUSED || errno == ENOENT ? -EBUSY : -errno;
 
-        n = snprintf(buf, sizeof buf, "snapshot %d %s\n", readonly ? 1 : 0, name);
+        n = snprintf(buf, sizeof buf, "snapshot-as %d %s %s\n", readonly ? 1 : 0, uuid, name);
         r = send_with_store(s, fd, buf, (size_t) n);
         if (r < 0)
                 return r;

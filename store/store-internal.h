@@ -104,7 +104,7 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(ZSTD_DCtx *, ZSTD_freeDCtx);
 /* ---- store.c ---- */
 uint64_t now_usec(void);
 uint64_t now_nsec(void);
-int uuid_generate_string(char ret[static 37]);
+bool uuid_string_is_valid(const char *s);
 int read_pid_file(int dir_fd, const char *name, pid_t *ret);
 int write_pid_file(int fd, const char *suffix);
 
@@ -162,10 +162,11 @@ int catalog_folding_layer(Store *s, uint64_t *ret_id, pid_t *ret_pid);
  * bottom. */
 int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_n);
 
-/* Creates the snapshot in the catalog. The source's top layer must be
- * sealed already if the source is writable. -ESTALE if the source's top
- * layer is no longer the record's (a fold merged it away): read it again. */
-int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, bool readonly);
+/* Creates the snapshot, with the UUID given, in the catalog. The source's
+ * top layer must be sealed already if the source is writable. -ESTALE if
+ * the source's top layer is no longer the record's (a fold merged it
+ * away): read it again. -EEXIST if a subvolume has the UUID. */
+int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, bool readonly, const char *uuid);
 
 /* Takes a subvolume's lock: exclusive for writers (and for the operations
  * that need it unmounted), shared for read-only servers. -EBUSY with the
@@ -463,9 +464,9 @@ typedef struct ControlServer ControlServer;
 struct Volume;
 int control_server_start(struct Volume *v, Store *s, uint64_t subvolume_id, ControlServer **ret);
 ControlServer *control_server_stop(ControlServer *c);
-int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly);
+int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly, const char *uuid);
 
 /* ---- volume.c ---- */
 /* Snapshots the volume's subvolume on behalf of another process: commits,
  * seals the top layer and moves onto a new one. */
-int volume_take_snapshot(struct Volume *v, const char *name, bool readonly);
+int volume_take_snapshot(struct Volume *v, const char *name, bool readonly, const char *uuid);

@@ -2,6 +2,7 @@
 
 /* Opening and creating stores; subvolume operations on the catalog. */
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -30,7 +31,14 @@ uint64_t now_nsec(void) {
         return (uint64_t) ts.tv_sec * 1000000000u + (uint64_t) ts.tv_nsec;
 }
 
-int uuid_generate_string(char ret[static 37]) {
+bool uuid_string_is_valid(const char *s) {
+        for (size_t i = 0; i < 36; i++)
+                if (i == 8 || i == 13 || i == 18 || i == 23 ? s[i] != '-' : !isxdigit((unsigned char) s[i]))
+                        return false;
+        return s[36] == 0;
+}
+
+int store_uuid_new(char ret[static 37]) {
         uint8_t b[16];
 
         if (getrandom(b, sizeof b, 0) != sizeof b)
@@ -146,7 +154,7 @@ static int catalog_write_identity(sqlite3 *db) {
 
         if (getrandom(secret, sizeof secret, 0) != sizeof secret)
                 return -EIO;
-        r = uuid_generate_string(uuid);
+        r = store_uuid_new(uuid);
         if (r < 0)
                 return r;
 
@@ -391,7 +399,7 @@ int store_subvolume_create(Store *s, const char *name) {
 
         if (!store_name_is_valid(name))
                 return -EINVAL;
-        r = uuid_generate_string(uuid);
+        r = store_uuid_new(uuid);
         if (r < 0)
                 return r;
 
@@ -451,7 +459,7 @@ fail:
  * stale, and a read-only source is not locked at all. */
 #define STALE_ATTEMPTS 8
 
-static int snapshot_once(Store *s, const char *source, const char *name, bool readonly) {
+static int snapshot_once(Store *s, const char *source, const char *name, bool readonly, const char *uuid) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord src = {};
         _cleanup_close_ int lock_fd = -EBADF;
         uint64_t id;
@@ -461,7 +469,7 @@ static int snapshot_once(Store *s, const char *source, const char *name, bool re
         if (r < 0)
                 return r;
         if (src.readonly)
-                return catalog_snapshot(s, &src, name, readonly);
+                return catalog_snapshot(s, &src, name, readonly, uuid);
 
         /* A writable source: whoever holds its lock owns its top layer. If a
          * server has it mounted, it takes the snapshot itself, at a point
@@ -472,7 +480,7 @@ static int snapshot_once(Store *s, const char *source, const char *name, bool re
                  * shared lock keeps it so while the snapshot freezes it. */
                 lock_fd = subvolume_lock_full(s, src.id, false, SUBVOLUME_LOCK_UNNAMED, NULL);
                 if (lock_fd == -EBUSY)
-                        return control_request_snapshot(s, src.id, name, readonly);
+                        return control_request_snapshot(s, src.id, name, readonly, uuid);
         }
         if (lock_fd < 0)
                 return lock_fd;
@@ -487,14 +495,24 @@ static int snapshot_once(Store *s, const char *source, const char *name, bool re
         r = layer_seal(s, src.top_layer);
         if (r < 0)
                 return r;
-        return catalog_snapshot(s, &src, name, readonly);
+        return catalog_snapshot(s, &src, name, readonly, uuid);
 }
 
 int store_subvolume_snapshot(Store *s, const char *source, const char *name, bool readonly) {
+        char uuid[37];
+        int r;
+
+        r = store_uuid_new(uuid);
+        if (r < 0)
+                return r;
+        return store_subvolume_snapshot_as(s, source, name, readonly, uuid);
+}
+
+int store_subvolume_snapshot_as(Store *s, const char *source, const char *name, bool readonly, const char *uuid) {
         SubvolumeRecord existing = {};
         int r;
 
-        if (!store_name_is_valid(source) || !store_name_is_valid(name))
+        if (!store_name_is_valid(source) || !store_name_is_valid(name) || !uuid || !uuid_string_is_valid(uuid))
                 return -EINVAL;
 
         r = catalog_find_subvolume(s, name, &existing);
@@ -505,7 +523,7 @@ int store_subvolume_snapshot(Store *s, const char *source, const char *name, boo
                 return r;
 
         for (unsigned attempt = 1;; attempt++) {
-                r = snapshot_once(s, source, name, readonly);
+                r = snapshot_once(s, source, name, readonly, uuid);
                 if (r != -ESTALE)
                         return r;
                 if (attempt >= STALE_ATTEMPTS)

@@ -100,6 +100,16 @@ int store_subvolume_create(Store *s, const char *name);
  * is taken. */
 int store_subvolume_snapshot(Store *s, const char *source, const char *name, bool readonly);
 
+/* The same, the snapshot to have the UUID given (from store_uuid_new()):
+ * a caller can write the UUID down before the snapshot exists, and later
+ * tell the subvolume it made from another that took the name since.
+ * -EEXIST if the name or the UUID is taken, -EINVAL if the UUID is not
+ * one. */
+int store_subvolume_snapshot_as(Store *s, const char *source, const char *name, bool readonly, const char *uuid);
+
+/* A new random UUID, as the store gives subvolumes, in canonical text. */
+int store_uuid_new(char ret[static 37]);
+
 /* Marks the subvolume deleted in one transaction and returns; the reaper
  * frees its space later. -EBUSY if it is mounted (ret_holder then names
  * the pid). */

@@ -820,7 +820,7 @@ void volume_set_before_wait(Volume *v, void (*before_wait)(void)) {
  * everything written so far is committed, and moves onto a new one. What
  * the kernel still holds is written back first, without our lock: it
  * comes to us as writes. */
-int volume_take_snapshot(Volume *v, const char *name, bool readonly) {
+int volume_take_snapshot(Volume *v, const char *name, bool readonly, const char *uuid) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
         int (*write_back)(void *userdata);
         void *userdata;
@@ -862,7 +862,7 @@ int volume_take_snapshot(Volume *v, const char *name, bool readonly) {
         layers_unload(v);
         r = layer_seal(v->store, rec.top_layer);
         if (r >= 0)
-                r = catalog_snapshot(v->store, &rec, name, readonly);
+                r = catalog_snapshot(v->store, &rec, name, readonly, uuid);
 
         /* Whatever happened, serve the stack the catalog has now; if it
          * cannot be loaded, nothing is served. */

@@ -329,8 +329,9 @@ def check_caller_killed(store):
     store.delete('killed-kept')
     store.delete('reused')
 
-    # A run killed after it made its snapshot, before its record named it:
-    # the name it made up of its PID goes too, and only such a name.
+    # A run of an earlier version killed after it made its snapshot,
+    # before its record named it: the name it made up of its PID goes too,
+    # and only such a name.
     dead = subprocess.Popen(['true'])
     dead.wait()
     boot_id = open('/proc/sys/kernel/random/boot_id').read().strip()
@@ -345,6 +346,26 @@ def check_caller_killed(store):
             f'subvolumes after the records of a run killed before its snapshot\'s line: {store.names()}')
     t.check(not os.path.exists(f'{base}{made_up}.run'), 'the record of a run killed before its snapshot\'s line')
     store.delete('not-made-up')
+
+    # kill -9 of a run under a chosen name at each of its first writes after
+    # the record's first line (a record still empty is taken for one being
+    # written for a minute): wherever it dies, the next run leaves no
+    # snapshot of that name behind. strace stops the runner as it enters
+    # the write and kills it before the write is done.
+    if not shutil.which('strace'):
+        print('SKIP: kills at each write of a run: strace is not installed')
+        return
+    for n in range(2, 6):
+        p = subprocess.run(['strace', '-qq', '-o', '/dev/null', '-e', 'trace=write',
+                            '-e', f'inject=write:error=EIO:signal=SIGKILL:when={n}',
+                            t.tool(), '--store', store.path, 'run', '--name', 'killed-at-write', 'img', '--',
+                            '/probe', 'info'], capture_output=True, timeout=120)
+        if n == 2:
+            t.check(p.returncode != 0, f'a run killed at its write {n}: exit {p.returncode}')
+        run(store, 'img', '--', '/probe', 'info')
+        t.check('killed-at-write' not in store.names(),
+                f'the snapshot of a run killed at its write {n}, after the next run: {store.names()}')
+        t.check(not os.path.exists(f'{base}killed-at-write.run'), f'the record of a run killed at its write {n}')
 
 
 def check_exit_and_signals(store, tmp):

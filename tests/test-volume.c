@@ -315,6 +315,43 @@ static int find_largest_pack(char *ret, size_t size) {
         return best > 0 ? 0 : -ENOENT;
 }
 
+static void check_uuid(Store *s, const char *name, const char *uuid) {
+        _cleanup_(store_subvolume_info_clear) StoreSubvolumeInfo info = {};
+
+        CHECK_OK(store_subvolume_show(s, name, &info));
+        CHECK(streq(info.uuid, uuid));
+}
+
+/* A snapshot under a UUID its caller chose before: taken directly, and
+ * through the control socket of a process that has the source open
+ * writable; a UUID names one subvolume, deleted ones too. */
+static void test_snapshot_with_uuid(Store *s) {
+        char uuid[37], live_uuid[37];
+        Volume *v;
+
+        test_name = "snapshot-with-uuid";
+        CHECK_OK(store_subvolume_create(s, "uuid-src"));
+        CHECK_OK(store_uuid_new(uuid));
+        CHECK_OK(store_subvolume_snapshot_as(s, "uuid-src", "uuid-a", true, uuid));
+        check_uuid(s, "uuid-a", uuid);
+        CHECK(store_subvolume_snapshot_as(s, "uuid-src", "uuid-b", true, uuid) == -EEXIST);
+        CHECK(store_subvolume_snapshot_as(s, "uuid-src", "uuid-b", true, "not-a-uuid") == -EINVAL);
+        CHECK(store_subvolume_snapshot_as(s, "uuid-src", "uuid-b", true, "0123456789abcdef0123456789abcdef0123") ==
+              -EINVAL);
+        CHECK_OK(store_subvolume_delete(s, "uuid-a", NULL));
+        CHECK(store_subvolume_snapshot_as(s, "uuid-src", "uuid-b", true, uuid) == -EEXIST);
+
+        v = open_volume(s, "uuid-src", true);
+        CHECK_OK(store_uuid_new(live_uuid));
+        CHECK_OK(store_subvolume_snapshot_as(s, "uuid-src", "uuid-live", false, live_uuid));
+        check_uuid(s, "uuid-live", live_uuid);
+        CHECK(store_subvolume_snapshot_as(s, "uuid-src", "uuid-live-2", false, live_uuid) == -EEXIST);
+        volume_close(v);
+        CHECK(store_subvolume_show(s, "uuid-b", &(StoreSubvolumeInfo) {}) == -ENOENT);
+        FOREACH_STRING(name, "uuid-live", "uuid-src")
+                CHECK_OK(store_subvolume_delete(s, name, NULL));
+}
+
 static void test_delete_reap_and_corruption(Store *s) {
         _cleanup_free_ uint8_t *data = malloc(1 << 20), *buf = malloc(1 << 20);
         StoreUsage before, after;
@@ -938,6 +975,7 @@ int main(void) {
         test_rename(s);
         test_whiteouts_and_fold(s);
         test_clone_and_image_state(s);
+        test_snapshot_with_uuid(s);
         test_delete_reap_and_corruption(s);
         test_parallel_reads(s);
         test_flush_ahead(s);
