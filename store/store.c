@@ -546,7 +546,9 @@ int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
          * (cowboxd) opened the store when there was room. */
         space_update(s);
 
-        lock_fd = subvolume_lock(s, rec.id, true, ret_holder);
+        /* Held for one update only: another delete, or a snapshot, of it
+         * waits and then finds it gone, rather than be told it is mounted. */
+        lock_fd = subvolume_lock_full(s, rec.id, true, SUBVOLUME_LOCK_BRIEF, ret_holder);
         if (lock_fd < 0)
                 return lock_fd;
 

@@ -10,6 +10,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -285,6 +286,42 @@ def test_reap_busy(store):
     t.check_equal(store.json('reap', '--wait')['subvolumes_forgotten'], 1, 'the reap after the lock went')
 
 
+def test_delete_racing(store):
+    """Two deletes of one subvolume at once, and a snapshot of it beside
+    them: one delete does it, the others find it gone. None of them is
+    told that the subvolume is mounted (nobody mounted it): the first
+    holds its lock for a moment only, here while it waits for a catalog
+    that another process writes to."""
+    store.create('racing')
+    sid = store.show('racing')['id']
+    lock = os.path.join(store.path, 'locks', f'subvolume-{sid}.lock')
+    holder = sqlite3.connect(os.path.join(store.path, 'catalog.db'), timeout=10, isolation_level=None)
+    try:
+        holder.execute('BEGIN IMMEDIATE')
+        first = subprocess.Popen([t.tool(), '--store', store.path, 'subvolume', 'delete', '--no-reap', 'racing'],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 10
+        while not (os.path.exists(lock) and t.read_file(lock).split()[:1] == [str(first.pid).encode()]):
+            t.check(time.monotonic() < deadline and first.poll() is None,
+                    'the first delete did not take the subvolume\'s lock')
+            time.sleep(0.01)
+        second = subprocess.Popen([t.tool(), '--store', store.path, 'subvolume', 'delete', '--no-reap', 'racing'],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        snap = subprocess.Popen([t.tool(), '--store', store.path, 'subvolume', 'snapshot', 'racing', 'racing-snap'],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1)
+    finally:
+        holder.close()
+    out, err = first.communicate(timeout=60)
+    t.check_equal(first.returncode, 0, f'the first delete: {out}{err}')
+    for what, p in (('the second delete', second), ('the snapshot', snap)):
+        out, err = p.communicate(timeout=60)
+        t.check(p.returncode != 0 and "no subvolume named 'racing'" in err and 'mounted' not in err,
+                f'{what} of a subvolume deleted meanwhile should find it gone (status {p.returncode}): {out}{err}')
+    t.check('racing' not in store.names() and 'racing-snap' not in store.names(),
+            f'subvolumes after the racing deletes: {store.names()}')
+
+
 def check_progress_on_terminal(store, args, label, summary):
     """Runs the command with standard error on a terminal: it succeeds, its
     progress line ("label: N MiB of N MiB (P%)", label a pattern) reaches
@@ -406,6 +443,7 @@ def run():
         sub.run('json', test_json, store)
         sub.run('reap, scrub, fsck', test_maintenance, store)
         sub.run('reap while the catalog is locked', test_reap_busy, store)
+        sub.run('deletes racing', test_delete_racing, store)
         sub.run('progress on a terminal', test_progress, store)
         sub.run('lock files of forgotten subvolumes', test_lock_files_pruned, store)
         sub.run('help', test_help, store)
