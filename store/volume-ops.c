@@ -864,28 +864,51 @@ int volume_removexattr(Volume *v, uint64_t ino, const char *name) {
 }
 
 int volume_statfs(Volume *v, struct statvfs *ret) {
+        uint64_t inodes, quota, used, blocks, bfree, bavail, margin, names;
         struct statvfs host;
-        uint64_t inodes;
 
         if (fstatvfs(v->store->dir_fd, &host) < 0)
                 return -errno;
         {
                 MUTEX_LOCKED(&v->lock);
                 inodes = v->counters.inodes;
+                quota = v->quota_bytes;
+                used = v->counters.logical_bytes + v->orphan_bytes;
         }
 
-        /* Space is the host file system's, where the packs live; the inode
-         * count is this subvolume's, with room to grow as far as space
-         * allows. */
+        /* Space is the host file system's, where the packs live, less the
+         * margin that writes of data leave free (space_check()): a program
+         * that asks how much fits before it writes (package managers, git)
+         * must not be told of room that a write is refused. */
+        blocks = (uint64_t) host.f_blocks * host.f_frsize / 4096;
+        bfree = (uint64_t) host.f_bfree * host.f_frsize / 4096;
+        bavail = (uint64_t) host.f_bavail * host.f_frsize / 4096;
+        margin = space_margin_of(blocks * 4096) / 4096;
+        names = bavail - MIN(bavail, margin / 2);    /* new names may use half of it */
+        bavail -= MIN(bavail, margin);
+        bfree = MAX(bavail, bfree - MIN(bfree, margin));
+        /* A quota is the size of the subvolume's file system, as project
+         * quotas are on ext4 and XFS: df shows the limit and what is left
+         * of it. */
+        if (quota > 0) {
+                uint64_t left = quota > used ? (quota - used) / 4096 : 0;
+
+                blocks = MIN(blocks, quota / 4096);
+                bfree = MIN(bfree, left);
+                bavail = MIN(bavail, left);
+        }
+
+        /* The inode count is this subvolume's, with room to grow as far as
+         * space allows: a quota counts bytes, not names. */
         *ret = (struct statvfs) {
                 .f_bsize = 4096,
                 .f_frsize = 4096,
-                .f_blocks = (fsblkcnt_t) ((uint64_t) host.f_blocks * host.f_frsize / 4096),
-                .f_bfree = (fsblkcnt_t) ((uint64_t) host.f_bfree * host.f_frsize / 4096),
-                .f_bavail = (fsblkcnt_t) ((uint64_t) host.f_bavail * host.f_frsize / 4096),
-                .f_files = (fsfilcnt_t) (inodes + (uint64_t) host.f_bavail * host.f_frsize / 4096),
-                .f_ffree = (fsfilcnt_t) ((uint64_t) host.f_bavail * host.f_frsize / 4096),
-                .f_favail = (fsfilcnt_t) ((uint64_t) host.f_bavail * host.f_frsize / 4096),
+                .f_blocks = (fsblkcnt_t) blocks,
+                .f_bfree = (fsblkcnt_t) bfree,
+                .f_bavail = (fsblkcnt_t) bavail,
+                .f_files = (fsfilcnt_t) (inodes + names),
+                .f_ffree = (fsfilcnt_t) names,
+                .f_favail = (fsfilcnt_t) names,
                 .f_namemax = STORE_NAME_MAX,
         };
         return 0;

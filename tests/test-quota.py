@@ -101,6 +101,14 @@ def run():
             err = write_synced(m.p('second'), t.random_bytes(1 * MiB, 2))
             t.check_equal(err, errno.EDQUOT, 'writing 1 MiB more: the error')
             t.check_bytes(t.read_file(m.p('first')), first, 'the file written before the quota was reached')
+            # df shows the limit and what is left of it, as with project
+            # quotas: a program that asks before it writes is not told of
+            # room that its write would be refused.
+            st = os.statvfs(m.path)
+            t.check_equal(st.f_blocks * st.f_frsize, 2 * MiB, 'statfs size of a subvolume with a 2 MiB quota')
+            t.check(0 < st.f_bavail * st.f_frsize <= 512 * KiB and st.f_bavail <= st.f_bfree <= st.f_blocks,
+                    f'statfs with 1.5 MiB of a 2 MiB quota used: {st.f_bavail} blocks available, '
+                    f'{st.f_bfree} free of {st.f_blocks}, of {st.f_frsize} bytes')
             # Small files still fit, up to the limit.
             t.check_equal(write_synced(m.p('small'), b'x' * 1000), None, 'a small file under the limit')
             # A file made larger by its size alone counts as if written.
@@ -120,6 +128,10 @@ def run():
                           'errors of buffered 128 KiB writes past the limit (write, close)')
             t.check(0 < written < 16 * len(chunk), f'{written} bytes accepted of {16 * len(chunk)}')
             t.check_equal(os.stat(m.p('buffered')).st_size, written, 'size of the file written past the limit')
+            st = os.statvfs(m.path)
+            t.check(st.f_bavail * st.f_frsize < len(chunk) and st.f_favail > 0,
+                    f'statfs once a write of {len(chunk)} bytes met the quota: {st.f_bavail} blocks and '
+                    f'{st.f_favail} inodes available (the quota counts bytes, not files)')
         with store.mount('ws') as m:
             t.check_bytes(t.read_file(m.p('buffered')), (chunk * 16)[:written],
                           'the file written past the limit, after a remount')
