@@ -14,10 +14,10 @@
  * the store's directory, which only those who may open the store have
  * (a sandbox's task never sees it).
  *
- * Request: "snapshot-as <0|1 read-only> <uuid> <name>\n", the store's
- * directory passed with its first byte. Reply: "<errno or 0>\n". Servers
- * started before the UUID was sent also take "snapshot <0|1> <name>\n",
- * the request of clients of their age.
+ * Requests: "snapshot-as <0|1 read-only> <uuid> <name>\n", and "quota\n"
+ * (read the quota again), the store's directory passed with its first
+ * byte. Reply: "<errno or 0>\n". Servers also take "snapshot <0|1>
+ * <name>\n", the request of clients from before the UUID was sent.
  */
 
 #include <errno.h>
@@ -165,6 +165,10 @@ static int handle_request(ControlServer *c, int fd) {
         r = read_line(fd, buf + 1, sizeof buf - 1);
         if (r < 0)
                 return r;
+        if (streq(buf, "quota")) {
+                volume_quota_refresh(c->volume);
+                return 0;
+        }
         return parse_and_take_snapshot(c, buf, uuid);
 }
 
@@ -272,23 +276,26 @@ static int send_with_store(Store *s, int fd, const char *text, size_t size) {
         return 0;
 }
 
-int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly, const char *uuid) {
+/* Sends a request to the server of the subvolume; -ECONNREFUSED if
+ * nobody serves its control socket. Waits for the answer at most
+ * timeout_sec seconds, or for ever with 0. */
+static int control_request(Store *s, uint64_t subvolume_id, const char *text, unsigned timeout_sec) {
+        struct timeval timeout = { .tv_sec = timeout_sec };
         _cleanup_close_ int fd = -EBADF;
         struct sockaddr_un sa;
         socklen_t len = control_address(s, subvolume_id, &sa);
         char buf[REQUEST_MAX + 1];
-        int n, r, value;
+        int r, value;
 
         fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
                 return -errno;
-        /* Held by a process that serves no control socket (a read-only
-         * server, a delete in progress): the subvolume is busy. */
         if (connect(fd, (struct sockaddr *) &sa, len) < 0)
-                return errno == ECONNREFUSED || errno == ENOENT ? -EBUSY : -errno;
+                return errno == ENOENT ? -ECONNREFUSED : -errno;
+        if (timeout_sec > 0)
+                (void) setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
 
-        n = snprintf(buf, sizeof buf, "snapshot-as %d %s %s\n", readonly ? 1 : 0, uuid, name);
-        r = send_with_store(s, fd, buf, (size_t) n);
+        r = send_with_store(s, fd, text, strlen(text));
         if (r < 0)
                 return r;
         r = read_line(fd, buf, sizeof buf);
@@ -297,4 +304,25 @@ int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, 
         if (sscanf(buf, "%d", &value) != 1 || value < 0)
                 return -EIO;
         return -value;
+}
+
+int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly, const char *uuid) {
+        char buf[REQUEST_MAX + 1];
+        int r;
+
+        snprintf(buf, sizeof buf, "snapshot-as %d %s %s\n", readonly ? 1 : 0, uuid, name);
+        r = control_request(s, subvolume_id, buf, 0);
+        /* Held by a process that serves no control socket (a read-only
+         * server, a delete in progress): the subvolume is busy. */
+        return r == -ECONNREFUSED ? -EBUSY : r;
+}
+
+/* A server that does not answer soon reads the quota at its next commit
+ * anyway: the caller (cowboxd) need not wait for it. */
+#define QUOTA_REQUEST_TIMEOUT_SEC 2
+
+int control_request_quota(Store *s, uint64_t subvolume_id) {
+        int r = control_request(s, subvolume_id, "quota\n", QUOTA_REQUEST_TIMEOUT_SEC);
+
+        return r == -ECONNREFUSED ? 0 : r; /* not mounted writable: nobody to tell */
 }

@@ -465,8 +465,13 @@ struct Volume;
 int control_server_start(struct Volume *v, Store *s, uint64_t subvolume_id, ControlServer **ret);
 ControlServer *control_server_stop(ControlServer *c);
 int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly, const char *uuid);
+/* Tells the server of the subvolume, if one has it mounted writable, that
+ * its quota changed. */
+int control_request_quota(Store *s, uint64_t subvolume_id);
 
 /* ---- volume.c ---- */
 /* Snapshots the volume's subvolume on behalf of another process: commits,
  * seals the top layer and moves onto a new one. */
 int volume_take_snapshot(struct Volume *v, const char *name, bool readonly, const char *uuid);
+/* Reads the subvolume's quota from the catalog again. */
+void volume_quota_refresh(struct Volume *v);

@@ -563,23 +563,38 @@ int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
         return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
 }
 
-int store_subvolume_set_quota(Store *s, const char *name, uint64_t bytes) {
+static int set_quota_record(Store *s, const char *name, uint64_t bytes, uint64_t *ret_id) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET quota_bytes = ?1 WHERE name = ?2 AND deleted = 0 "
+                                       "RETURNING id", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) bytes);
+        sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+        r = sqlite_step_row(st);
+        if (r <= 0)
+                return r < 0 ? r : -ENOENT;
+        *ret_id = (uint64_t) sqlite3_column_int64(st, 0);
+        return sqlite_step_done(st);
+}
+
+int store_subvolume_set_quota(Store *s, const char *name, uint64_t bytes) {
+        uint64_t id;
         int r;
 
         if (!store_name_is_valid(name) || bytes > (uint64_t) INT64_MAX)
                 return -EINVAL;
 
-        CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET quota_bytes = ?1 WHERE name = ?2 AND deleted = 0", &st);
+        r = set_quota_record(s, name, bytes, &id);
         if (r < 0)
                 return r;
-        sqlite3_bind_int64(st, 1, (sqlite3_int64) bytes);
-        sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
-        r = sqlite_step_done(st);
-        if (r < 0)
-                return r;
-        return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
+        /* A server reads the quota again at its next commit, up to a
+         * second away: told now, it holds the next write to a lower one. */
+        (void) control_request_quota(s, id);
+        return 0;
 }
 
 static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const LayerUsers *all_users, size_t n_users,

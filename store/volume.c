@@ -592,6 +592,11 @@ static void quota_refresh(Volume *v) {
                 v->quota_bytes = rec.quota_bytes;
 }
 
+void volume_quota_refresh(Volume *v) {
+        MUTEX_LOCKED(&v->lock);
+        quota_refresh(v);
+}
+
 int volume_check_quota(Volume *v, uint64_t bytes) {
         if (v->quota_bytes == 0 || bytes == 0)
                 return 0;

@@ -147,6 +147,14 @@ def run():
             store.run('subvolume', 'set-quota', 'ws', '8M')
             err = write_synced_within(m.p('big'), t.random_bytes(4 * MiB, 4), 10)
             t.check_equal(err, None, 'writing 4 MiB within 10 s of raising the quota to 8 MiB')
+            # A lowered limit holds from the next write on: set-quota tells
+            # the server, which would otherwise read it at its next commit,
+            # up to a second later.
+            store.run('subvolume', 'set-quota', 'ws', '6M')
+            err = write_synced(m.p('over'), t.random_bytes(2 * MiB, 10))
+            t.check_equal(err, errno.EDQUOT, 'writing 2 MiB straight after lowering the quota to 6 MiB: the error')
+            store.run('subvolume', 'set-quota', 'ws', '8M')
+            os.unlink(m.p('over'))
         with store.mount('ws') as m:
             t.check_bytes(t.read_file(m.p('big')), t.random_bytes(4 * MiB, 4), 'the file written after the raise')
 
