@@ -514,9 +514,23 @@ static int start_server(Store *s, const char *name, const char *mountpoint, cons
         return r == 0 ? -ETIMEDOUT : -EIO;
 }
 
-static void stop_server(const char *mountpoint, pid_t server) {
-        if (umount2(mountpoint, 0) < 0)
+/* Unmounts the snapshot and waits for its server to end. The server's last
+ * commit holds what the task wrote since the one before, and goes at the
+ * pace of the sandbox's own write limit: for a snapshot that is kept, it
+ * is waited for however long it takes; one about to be deleted gets 5 s. */
+static void stop_server(const char *mountpoint, pid_t server, bool keep_data) {
+        if (umount2(mountpoint, 0) < 0) {
                 (void) umount2(mountpoint, MNT_DETACH);
+                /* Still in use on the host, it would go on serving: SIGTERM
+                 * ends it as an unmount does, after its last commit. */
+                if (keep_data)
+                        (void) kill(server, SIGTERM);
+        }
+        if (keep_data) {
+                while (waitpid(server, NULL, 0) < 0 && errno == EINTR)
+                        ;
+                return;
+        }
         for (unsigned i = 0; i < 500; i++) {
                 if (waitpid(server, NULL, WNOHANG) == server)
                         return;
@@ -843,6 +857,11 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
                         ret->exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
                         ret->signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
                 }
+                /* Before the figures: the server's last commit is the
+                 * task's I/O too. sandbox_run() deletes the snapshot of a
+                 * run that failed or was cancelled. */
+                stop_server(mountpoint, server, opts->in_source || (opts->keep && r >= 0 && !ret->cancelled));
+                server = 0;
                 cgroup_collect(&cg, dev, ret);
         }
 
@@ -855,7 +874,7 @@ finish:
         if (errfds[1] >= 0)
                 close(errfds[1]);
         if (server > 0)
-                stop_server(mountpoint, server);
+                stop_server(mountpoint, server, false);
         ret->not_applied = cg.not_applied;
         cg.not_applied = NULL;
         cg.n_not_applied = 0;

@@ -9,6 +9,7 @@
  *   write PATH TEXT      writes a file
  *   read PATH            reads a file; prints bytes and seconds
  *   writeback PATH MB    writes MB MiB and fsyncs; prints bytes and seconds
+ *   xor SRC DST          writes SRC's bytes xor 0x5a to DST, with no fsync
  *   alloc MB             allocates and touches MB MiB
  *   forkbomb             forks until it cannot; prints how far it got
  *   sleep SECONDS
@@ -103,6 +104,27 @@ static int cmd_writeback(const char *path, long mb) {
         if (fsync(fd) < 0)
                 return result("writeback", -1);
         printf("writeback %ld %.3f\n", mb << 20, now() - start);
+        return 0;
+}
+
+static int cmd_xor(const char *src, const char *dst) {
+        static char buf[1 << 20];
+        long long total = 0;
+        ssize_t n;
+        int in = open(src, O_RDONLY), out = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+        if (in < 0 || out < 0)
+                return result("xor", -1);
+        while ((n = read(in, buf, sizeof buf)) > 0) {
+                for (ssize_t i = 0; i < n; i++)
+                        buf[i] ^= 0x5a;
+                if (write(out, buf, (size_t) n) != n)
+                        return result("xor", -1);
+                total += n;
+        }
+        if (n < 0 || close(out) < 0)
+                return result("xor", -1);
+        printf("xor %lld\n", total);
         return 0;
 }
 
@@ -239,6 +261,8 @@ int main(int argc, char *argv[]) {
                 return cmd_read(argv[2]);
         if (!strcmp(cmd, "writeback") && argc > 3)
                 return cmd_writeback(argv[2], atol(argv[3]));
+        if (!strcmp(cmd, "xor") && argc > 3)
+                return cmd_xor(argv[2], argv[3]);
         if (!strcmp(cmd, "alloc") && argc > 2)
                 return cmd_alloc(atol(argv[2]));
         if (!strcmp(cmd, "forkbomb"))

@@ -8,7 +8,8 @@ own hostname and writes only into its snapshot (the image and a sibling
 are unchanged). A read limit on the store's disk holds (page cache
 dropped), and without it the read is faster; the same for a write limit
 (the store writes its packs with direct I/O from the FUSE server in the
-sandbox's cgroup, so even cgroup v1 charges them). A memory limit ends a task with OOM in the report, a
+sandbox's cgroup, so even cgroup v1 charges them), and a kept snapshot
+holds what its task wrote under that limit without fsync. A memory limit ends a task with OOM in the report, a
 fork bomb stops at the process limit, a time limit kills. Escapes fail:
 mount, module loading, ptrace, a new user namespace, chroot tricks, and
 writing to the host in the workdir shape. 20 tasks run at once on 20
@@ -138,6 +139,24 @@ def check_io(store):
     t.check(slow >= 0.7 * 24 * MiB / limit, f'a write under a limit of {limit} B/s took {slow:.2f} s')
     t.check(fast < slow / 2, f'without the limit the write took {fast:.2f} s, with it {slow:.2f} s')
     t.check(limited['io_write_bytes'] >= 24 * MiB * 0.9, 'the disk writes were charged to the sandbox')
+
+
+def check_kept_under_write_limit(store):
+    """What a task wrote and did not fsync is in its kept snapshot, though
+    the server's last commit, after the task, goes at the pace of the
+    task's own write limit; and the report counts that commit."""
+    limit = MiB
+    r, rep = run(store, '--keep', '--name', 'kept-limited', '--io-write-bps', str(limit), 'img', '--',
+                 '/probe', 'xor', '/data/big', '/data/xored', timeout=300)
+    t.check_equal(r.out.strip(), f'xor {BIG}', 'a task writing under a write limit')
+    want = t.random_bytes(BIG, 9).translate(bytes(i ^ 0x5a for i in range(256)))
+    with store.mount('kept-limited', readonly=True) as m:
+        got = t.read_file(m.p('data', 'xored'))
+    t.check(got == want, f'the kept snapshot holds what the task wrote under a write limit: {len(got)} bytes '
+            f'of {len(want)}, {"the same" if got == want[:len(got)] else "others"}')
+    t.check(rep['io_write_bytes'] >= BIG * 0.9,
+            f'the report counts the writes of the last commit: {rep["io_write_bytes"]} bytes')
+    store.delete('kept-limited')
 
 
 def check_limits(store):
@@ -450,6 +469,7 @@ def run_test():
         check_inside(store)
         check_user_namespace(store)
         check_io(store)
+        check_kept_under_write_limit(store)
         check_limits(store)
         check_disk_limit(store)
         check_escapes(store)
