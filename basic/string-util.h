@@ -44,3 +44,18 @@ static inline bool path_has_dot_component(const char *path, bool dot) {
         }
         return false;
 }
+
+/* Undoes the octal escapes (\040 for a space) of a field of
+ * /proc/self/mountinfo, in place. */
+static inline void mountinfo_unescape(char *s) {
+        char *out = s;
+
+        for (char *p = s; *p; p++) {
+                if (p[0] == '\\' && p[1] >= '0' && p[1] <= '7' && p[2] && p[3]) {
+                        *out++ = (char) (((p[1] - '0') << 6) | ((p[2] - '0') << 3) | (p[3] - '0'));
+                        p += 3;
+                } else
+                        *out++ = *p;
+        }
+        *out = 0;
+}

@@ -205,19 +205,6 @@ int workspaces_save(const Workspaces *w) {
 
 /* ---- mounting ---- */
 
-static void unescape_mountinfo(char *s) {
-        char *out = s;
-
-        for (char *p = s; *p; p++) {
-                if (p[0] == '\\' && p[1] >= '0' && p[1] <= '7' && p[2] && p[3]) {
-                        *out++ = (char) (((p[1] - '0') << 6) | ((p[2] - '0') << 3) | (p[3] - '0'));
-                        p += 3;
-                } else
-                        *out++ = *p;
-        }
-        *out = 0;
-}
-
 static bool path_is_mount_point(const char *path) {
         _cleanup_fclose_ FILE *f = fopen("/proc/self/mountinfo", "re");
         char line[4096];
@@ -229,7 +216,7 @@ static bool path_is_mount_point(const char *path) {
 
                 if (sscanf(line, "%*s %*s %*s %*s %4095s", mountpoint) != 1)
                         continue;
-                unescape_mountinfo(mountpoint);
+                mountinfo_unescape(mountpoint);
                 if (streq(mountpoint, path))
                         return true;
         }

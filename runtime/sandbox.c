@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "alloc-util.h"
 #include "cleanup.h"
 #include "fd-util.h"
 #include "runtime-internal.h"
@@ -227,6 +228,49 @@ static void hide(const char *root, const char *dir) {
         (void) mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755");
 }
 
+/* Detaches from a workdir sandbox's view of the host every mount of a
+ * store's subvolume: workspaces, the snapshots of other sandboxes, those of
+ * other stores. Their files are the store's, hidden as the store is (a
+ * workspace is its developer's alone, and the task is root). Before any
+ * mount of the sandbox's own covers one of them. */
+static int hide_subvolume_mounts(const char *root) {
+        _cleanup_strv_free_ char **found = NULL;
+        size_t n = 0, allocated = 0, len = strlen(root);
+
+        {
+                _cleanup_fclose_ FILE *f = fopen("/proc/self/mountinfo", "re");
+                char line[8192];
+
+                if (!f)
+                        return -errno;
+                while (fgets(line, sizeof line, f)) {
+                        char mountpoint[4096], fstype[256], source[256];
+                        const char *dash = strstr(line, " - ");
+
+                        if (!dash || sscanf(line, "%*s %*s %*s %*s %4095s", mountpoint) != 1 ||
+                            sscanf(dash + 3, "%255s %255s", fstype, source) != 2 ||
+                            (!streq(fstype, "fuse.cowbox") && !startswith(source, "cowbox:")))
+                                continue;
+                        mountinfo_unescape(mountpoint);
+                        if (strncmp(mountpoint, root, len) != 0 || (mountpoint[len] != '/' && mountpoint[len]))
+                                continue;
+                        if (!GREEDY_REALLOC(found, allocated, n + 2))
+                                return -ENOMEM;
+                        found[n] = strdup(mountpoint);
+                        if (!found[n])
+                                return -ENOMEM;
+                        found[++n] = NULL;
+                }
+        }
+        /* The last first: one stacked on another, or mounted inside it. A
+         * mount already gone with the one it was in, or covered on the
+         * host by another, is out of reach already. */
+        while (n > 0)
+                if (umount2(found[--n], MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
+                        return -errno;
+        return 0;
+}
+
 typedef struct Plan {
         const SandboxOptions *opts;
         const char *mountpoint;         /* the snapshot, served on the host */
@@ -238,6 +282,7 @@ typedef struct Plan {
 
 static void setup_mounts(const Plan *p) {
         const char *root;
+        int r;
 
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
                 child_fail(p->error_fd, errno, "cannot make the mounts private: %m");
@@ -257,6 +302,10 @@ static void setup_mounts(const Plan *p) {
                 if (mount("/", root, NULL, MS_BIND | MS_REC, NULL) < 0 ||
                     syscall(SYS_mount_setattr, AT_FDCWD, root, AT_RECURSIVE, &attr, sizeof attr) < 0)
                         child_fail(p->error_fd, errno, "cannot make the host read-only: %m");
+                r = hide_subvolume_mounts(root);
+                if (r < 0)
+                        child_fail(p->error_fd, -r, "cannot hide the mounts of the store's subvolumes: %s",
+                                   strerror(-r));
                 hide(root, p->store_path);
                 hide(root, p->sandboxes_dir);
                 /* Nor does it keep a task from the host's daemons: their

@@ -12,7 +12,8 @@ sandbox's cgroup, so even cgroup v1 charges them), and a kept snapshot
 holds what its task wrote under that limit without fsync. A memory limit ends a task with OOM in the report, a
 fork bomb stops at the process limit, a time limit kills. Escapes fail:
 mount, module loading, ptrace, a new user namespace, chroot tricks, and
-writing to the host in the workdir shape. 20 tasks run at once on 20
+writing to the host or reading a subvolume mounted there in the workdir
+shape. 20 tasks run at once on 20
 snapshots, each sees only its own changes, and all space comes back. What
 a runner killed with -9 left is removed by the next run."""
 
@@ -261,6 +262,18 @@ def check_escapes(store):
     t.check('socket hidden' in r.out, f'a host socket in /run from a workdir sandbox: {r.out} {r.err}')
     if os.access('/etc/resolv.conf', os.R_OK):
         t.check('resolv read' in r.out, f'/etc/resolv.conf in a workdir sandbox: {r.out} {r.err}')
+
+    # A subvolume mounted on the host, as a developer's workspace is, is
+    # the store's as much as the store's own files: hidden too.
+    store.snapshot('img', 'mounted-elsewhere')
+    with store.mount('mounted-elsewhere') as m:
+        t.write_file(m.p('secret'), b'a developer\'s file\n')
+        r, _ = run(store, '--workdir', workdir, 'img', '--', '/bin/sh', '-c',
+                   f'cat {m.p("secret")} 2>/dev/null || echo hidden; grep -c fuse.cowbox /proc/self/mountinfo',
+                   expect=None)
+    store.delete('mounted-elsewhere')
+    t.check_equal(r.out.split(), ['hidden', '1'],
+                  f'a subvolume mounted on the host, from a workdir sandbox (only its own is seen): {r.err}')
 
     # A working tree's path through a symbolic link would be looked up on
     # the writable host: refused, and nothing made there.
