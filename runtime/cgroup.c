@@ -519,32 +519,63 @@ void cgroup_destroy(Cgroup *cg) {
         cg->n_not_applied = 0;
 }
 
+/* The block device that the file system holding path was mounted from, as
+ * mountinfo names it; 0 if it names none (tmpfs, overlayfs, NFS). For
+ * btrfs, whose files' st_dev is a number of its own and no device's: of a
+ * btrfs on several devices, the one it was mounted by. */
+static dev_t mount_source_of(const char *path) {
+        _cleanup_fclose_ FILE *f = NULL;
+        struct statx stx;
+        char line[8192];
+
+        if (statx(AT_FDCWD, path, 0, STATX_MNT_ID, &stx) < 0 || !(stx.stx_mask & STATX_MNT_ID))
+                return 0;
+        f = fopen("/proc/self/mountinfo", "re");
+        while (f && fgets(line, sizeof line, f)) {
+                char source[PATH_MAX];
+                const char *dash = strstr(line, " - ");
+                unsigned long long id;
+                struct stat st;
+
+                if (!dash || sscanf(line, "%llu", &id) != 1 || id != stx.stx_mnt_id ||
+                    sscanf(dash + 3, "%*s %4095s", source) != 1)
+                        continue;
+                mountinfo_unescape(source);
+                return stat(source, &st) >= 0 && S_ISBLK(st.st_mode) ? st.st_rdev : 0;
+        }
+        return 0;
+}
+
 dev_t block_device_of(const char *path) {
         char link[PATH_MAX], sys[PATH_MAX + 32], *slash;
         unsigned maj, min;
         struct stat st;
         ssize_t n;
         char *text;
+        dev_t dev;
 
-        if (stat(path, &st) < 0 || major(st.st_dev) == 0)
+        if (stat(path, &st) < 0)
                 return 0;
-        snprintf(sys, sizeof sys, "/sys/dev/block/%u:%u", major(st.st_dev), minor(st.st_dev));
+        dev = major(st.st_dev) != 0 ? st.st_dev : mount_source_of(path);
+        if (major(dev) == 0)
+                return 0;
+        snprintf(sys, sizeof sys, "/sys/dev/block/%u:%u", major(dev), minor(dev));
         if (!file_exists(sys, "partition"))
-                return st.st_dev;
+                return dev;
         /* A partition: its disk is the directory above it. */
         n = readlink(sys, link, sizeof link - 1);
         if (n < 0)
-                return st.st_dev;
+                return dev;
         link[n] = 0;
         slash = strrchr(link, '/');
         if (!slash)
-                return st.st_dev;
+                return dev;
         *slash = 0;
         snprintf(sys, sizeof sys, "/sys/dev/block/%s", link);
         text = read_file(sys, "dev");
         if (!text || sscanf(text, "%u:%u", &maj, &min) != 2) {
                 free(text);
-                return st.st_dev;
+                return dev;
         }
         free(text);
         return makedev(maj, min);

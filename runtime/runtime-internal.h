@@ -43,8 +43,8 @@ void cgroup_destroy(Cgroup *cg);
 /* The same for one cgroup directory. */
 void cgroup_remove_path(const char *path);
 
-/* The whole disk under path (a partition's disk): the device I/O limits
- * name. */
+/* The whole disk under path (a partition's disk; for btrfs, the device it
+ * was mounted from): the device I/O limits name. */
 dev_t block_device_of(const char *path);
 
 /* In the task, last thing before exec: capabilities, no_new_privs, the

@@ -6,7 +6,7 @@ An image holds a static probe program and a large incompressible file.
 Inside a sandbox the task is PID 1's child, sees no host process, has its
 own hostname and writes only into its snapshot (the image and a sibling
 are unchanged). A read limit on the store's disk holds (page cache
-dropped), and without it the read is faster; the same for a write limit
+dropped), also for a store on btrfs, and without it the read is faster; the same for a write limit
 (the store writes its packs with direct I/O from the FUSE server in the
 sandbox's cgroup, so even cgroup v1 charges them), and a kept snapshot
 holds what its task wrote under that limit without fsync. A memory limit ends a task with OOM in the report, a
@@ -32,6 +32,7 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cowbox_test as t  # noqa: E402
+import stream_test  # noqa: E402
 from cowbox_test import MiB  # noqa: E402
 
 BIG = 24 * MiB
@@ -140,6 +141,31 @@ def check_io(store):
     t.check(slow >= 0.7 * 24 * MiB / limit, f'a write under a limit of {limit} B/s took {slow:.2f} s')
     t.check(fast < slow / 2, f'without the limit the write took {fast:.2f} s, with it {slow:.2f} s')
     t.check(limited['io_write_bytes'] >= 24 * MiB * 0.9, 'the disk writes were charged to the sandbox')
+
+
+def check_io_on_btrfs():
+    """A read limit holds for a store on btrfs too, whose files' device
+    number is no block device's: the limit goes on the device it was
+    mounted from. Skipped alone where no btrfs can be made."""
+    try:
+        with t.Store('sandbox-btrfs', init=False) as store, stream_test.btrfs_loop(store, 256) as fs:
+            store.path = os.path.join(fs, 'store')
+            store.run('init')
+            store.create('base')
+            with store.mount('base') as m:
+                shutil.copy(probe_exe(), m.p('probe'))
+                t.write_file(m.p('big'), t.random_bytes(8 * MiB, 3))
+            store.snapshot('base', 'img', readonly=True)
+            limit = 2 * MiB
+            drop_caches()
+            r, rep = run(store, '--io-read-bps', str(limit), 'img', '--', '/probe', 'read', '/big')
+            seconds = float(r.out.split()[2])
+            print(f'read 8 MiB from a store on btrfs: {seconds:.2f} s under {limit >> 20} MiB/s', flush=True)
+            t.check_equal(rep['not_applied'], [], 'limits not applied to a store on btrfs')
+            t.check(rep['cgroup_version'] in (1, 2), f'an I/O controller was used for a store on btrfs: {rep}')
+            t.check(seconds >= 0.7 * 8 * MiB / limit, f'a read under a limit of {limit} B/s took {seconds:.2f} s')
+    except t.Skip as e:
+        print(f'a store on btrfs: skipped: {e}', flush=True)
 
 
 def check_kept_under_write_limit(store):
@@ -490,6 +516,7 @@ def run_test():
         check_exit_and_signals(store, store.tmp)
         check_many(store)
         store.fsck()
+    check_io_on_btrfs()
 
 
 if __name__ == '__main__':
