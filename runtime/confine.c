@@ -13,6 +13,7 @@
 #include <seccomp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -116,6 +117,33 @@ static int set_capabilities(const SandboxOptions *opts) {
         return 0;
 }
 
+/* personality(): the personas of builds for another word size get
+ * through (PER_LINUX32 and UNAME26, which linux32 and setarch i686 set,
+ * PER_LINUX, and the query 0xffffffff); any other value, such as the
+ * flags that undo the kernel's mitigations (READ_IMPLIES_EXEC,
+ * ADDR_NO_RANDOMIZE, MMAP_PAGE_ZERO), is refused. A rule compares an
+ * argument once only, so "none of those" is spelled as what differs from
+ * each of them: a bit other than theirs set while some other bit is
+ * clear, or a bit past the 32 the kernel reads. */
+static int refuse_personalities(scmp_filter_ctx ctx, uint32_t action) {
+        const uint32_t allowed = PER_LINUX32 | UNAME26, top = UINT32_C(1) << 31;
+        int r;
+
+        r = seccomp_rule_add(ctx, action, SCMP_SYS(personality), 1, SCMP_A0(SCMP_CMP_GT, UINT32_MAX));
+        for (unsigned b = 0; b < 31 && r >= 0; b++) {
+                uint32_t bit = UINT32_C(1) << b;
+
+                /* Bit 31 set, bit b clear. */
+                r = seccomp_rule_add(ctx, action, SCMP_SYS(personality), 1,
+                                     SCMP_A0(SCMP_CMP_MASKED_EQ, top | bit, top));
+                /* Bit b set, bit 31 clear. */
+                if (r >= 0 && !(allowed & bit))
+                        r = seccomp_rule_add(ctx, action, SCMP_SYS(personality), 1,
+                                             SCMP_A0(SCMP_CMP_MASKED_EQ, top | bit, bit));
+        }
+        return r;
+}
+
 static int load_filter(const SandboxOptions *opts) {
         uint32_t action = opts->kill_on_refusal ? SCMP_ACT_KILL_PROCESS : SCMP_ACT_ERRNO(EPERM);
         scmp_filter_ctx ctx;
@@ -129,7 +157,8 @@ static int load_filter(const SandboxOptions *opts) {
 
                 if (nr == __NR_SCMP_ERROR || in_list(opts->allow_syscalls, refused_syscalls[i]))
                         continue;
-                r = seccomp_rule_add(ctx, action, nr, 0);
+                r = nr == SCMP_SYS(personality) ? refuse_personalities(ctx, action)
+                                                : seccomp_rule_add(ctx, action, nr, 0);
         }
         if (!in_list(opts->allow_syscalls, "unshare")) {
                 for (size_t i = 0; i < sizeof namespace_flags / sizeof namespace_flags[0] && r >= 0; i++)

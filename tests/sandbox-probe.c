@@ -23,6 +23,7 @@
  *   exit STATUS          exits with STATUS
  *   raise SIGNAL         kills itself with SIGNAL
  *   trap-term SECONDS    prints "trapping", sleeps; on SIGTERM prints "caught" and exits 7
+ *   personality VALUE... sets each persona (hex), back to PER_LINUX between
  *   mount | module | unshare | ptrace PID | chroot-escape | ls DIR
  */
 
@@ -238,6 +239,18 @@ static int cmd_ls(const char *path) {
         return 0;
 }
 
+static int cmd_personality(int argc, char *argv[]) {
+        printf("personality");
+        for (int i = 0; i < argc; i++) {
+                long r = syscall(SYS_personality, strtoul(argv[i], NULL, 16));
+
+                printf(" %s", r == -1 ? strerrorname_np(errno) : "ok");
+                (void) syscall(SYS_personality, 0UL);
+        }
+        printf("\n");
+        return 0;
+}
+
 static void on_term(int sig) {
         (void) sig;
         (void) !write(STDOUT_FILENO, "caught\n", 7);
@@ -307,6 +320,8 @@ int main(int argc, char *argv[]) {
                 printf("uid %d\n", (int) getuid());
                 return 0;
         }
+        if (!strcmp(cmd, "personality"))
+                return cmd_personality(argc - 2, argv + 2);
         if (!strcmp(cmd, "ls") && argc > 2)
                 return cmd_ls(argv[2]);
         if (!strcmp(cmd, "sysctl") && argc > 2)
