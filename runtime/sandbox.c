@@ -170,9 +170,11 @@ static int make_proc_tmp(const char *root) {
         }
         /* What tells of the host's kernel and hardware is masked, as
          * container engines mask it: files by /dev/null, directories by an
-         * empty tmpfs. */
+         * empty tmpfs. The kpage* files, which root reads without any
+         * other capability, map the host's physical memory: the flags, use
+         * counts and memory cgroups of every page. */
         FOREACH_STRING(masked, "kcore", "keys", "key-users", "timer_list", "sched_debug", "latency_stats",
-                       "acpi", "asound", "scsi") {
+                       "kpageflags", "kpagecount", "kpagecgroup", "acpi", "asound", "scsi") {
                 struct stat st;
 
                 snprintf(path, sizeof path, "%s/proc/%s", root, masked);

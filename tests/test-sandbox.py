@@ -238,7 +238,7 @@ def check_escapes(store):
                   f'personalities {allowed} then {refused} inside a sandbox')
 
     # What tells of the host's kernel is masked, as container engines do.
-    for name in ('timer_list', 'keys'):
+    for name in ('timer_list', 'keys', 'kpageflags', 'kpagecount', 'kpagecgroup'):
         if os.path.exists(f'/proc/{name}'):
             r, _ = run(store, 'img', '--', '/probe', 'read', f'/proc/{name}')
             t.check(r.out.startswith('read 0 '), f'/proc/{name} inside a sandbox: {r.out}')
