@@ -201,15 +201,22 @@ static void remove_made_up(const char *name, void *userdata) {
 static int remove_leftovers(Store *s, const char *dir_path, int dir_fd, const char *record_name,
                             const char *text) {
         _cleanup_free_ char *base = strndup(record_name, strlen(record_name) - strlen(RECORD_SUFFIX));
-        _cleanup_free_ char *staging = NULL, *mountpoint = NULL;
+        _cleanup_free_ char *own_dir = NULL, *mountpoint = NULL, *staging = NULL, *old_staging = NULL;
         SnapshotRemoval sr = { .store = s };
 
-        if (!base || asprintf(&staging, "%s.root", base) < 0 || asprintf(&mountpoint, "%s/%s", dir_path, base) < 0)
+        if (!base || asprintf(&own_dir, "%s/%s", dir_path, base) < 0 ||
+            asprintf(&mountpoint, "%s/root", own_dir) < 0 || asprintf(&staging, "%s/host", base) < 0 ||
+            asprintf(&old_staging, "%s.root", base) < 0)
                 return -ENOMEM;
         record_foreach(text, "cgroup", remove_cgroup, NULL);
         (void) umount2(mountpoint, MNT_DETACH | UMOUNT_NOFOLLOW);
-        (void) unlinkat(dir_fd, base, AT_REMOVEDIR);
+        /* Runs of earlier versions mounted the snapshot at NAME itself,
+         * and made NAME.root beside it. */
+        (void) umount2(own_dir, MNT_DETACH | UMOUNT_NOFOLLOW);
+        (void) unlinkat(dir_fd, mountpoint + strlen(dir_path) + 1, AT_REMOVEDIR);
         (void) unlinkat(dir_fd, staging, AT_REMOVEDIR);
+        (void) unlinkat(dir_fd, base, AT_REMOVEDIR);
+        (void) unlinkat(dir_fd, old_staging, AT_REMOVEDIR);
         record_foreach(text, "snapshot", remove_snapshot, &sr);
         if (!strstr(text, "\nsnapshot ")) {
                 int pid;

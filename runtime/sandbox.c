@@ -754,7 +754,10 @@ void sandbox_result_clear(SandboxResult *r) {
 
 static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunRecord *record,
                     SandboxResult *ret, char *error_text, size_t error_size) {
-        _cleanup_free_ char *sandboxes = NULL, *mountpoint = NULL, *staging = NULL;
+        _cleanup_free_ char *sandboxes = NULL, *own_dir = NULL, *mountpoint = NULL, *staging = NULL;
+        /* The sandbox's root on the host: the namespace's root must pass
+         * through its directory to mount it. */
+        uid_t owner = opts->userns_size ? opts->userns_base : 0;
         SandboxOptions named = *opts;
         SandboxLimits limits = opts->limits;
         sigset_t caller_mask;
@@ -766,10 +769,17 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
 
         named.name = name;
         if (asprintf(&sandboxes, "%s-sandboxes", store_path(s)) < 0 ||
-            asprintf(&mountpoint, "%s/%s", sandboxes, name) < 0 ||
-            asprintf(&staging, "%s/%s.root", sandboxes, name) < 0)
+            asprintf(&own_dir, "%s/%s", sandboxes, name) < 0 ||
+            asprintf(&mountpoint, "%s/root", own_dir) < 0 ||
+            asprintf(&staging, "%s/host", own_dir) < 0)
                 return -ENOMEM;
-        if ((mkdir(sandboxes, 0755) < 0 && errno != EEXIST) || (mkdir(mountpoint, 0755) < 0 && errno != EEXIST) ||
+        /* The snapshot is mounted for everyone (allow_other: the task's users
+         * are not the server's), and holds the image's files, which the
+         * store keeps from the host's users: its mount point is in a
+         * directory only the sandbox's root may enter. */
+        if ((mkdir(sandboxes, 0755) < 0 && errno != EEXIST) || (mkdir(own_dir, 0700) < 0 && errno != EEXIST) ||
+            fchownat(AT_FDCWD, own_dir, owner, (gid_t) owner, AT_SYMLINK_NOFOLLOW) < 0 ||
+            chmod(own_dir, 0700) < 0 || (mkdir(mountpoint, 0755) < 0 && errno != EEXIST) ||
             (opts->shape == SANDBOX_WORKDIR && mkdir(staging, 0755) < 0 && errno != EEXIST)) {
                 r = -errno;
                 snprintf(error_text, error_size, "cannot make the sandbox's directories under %s: %m", sandboxes);
@@ -932,6 +942,7 @@ finish:
         cgroup_destroy(&cg);
         (void) rmdir(mountpoint);
         (void) rmdir(staging);
+        (void) rmdir(own_dir);
         return r;
 }
 

@@ -5,7 +5,7 @@
 An image holds a static probe program and a large incompressible file.
 Inside a sandbox the task is PID 1's child, sees no host process, has its
 own hostname and writes only into its snapshot (the image and a sibling
-are unchanged). A read limit on the store's disk holds (page cache
+are unchanged), which the host's users do not reach. A read limit on the store's disk holds (page cache
 dropped), also for a store on btrfs, and without it the read is faster; the same for a write limit
 (the store writes its packs with direct I/O from the FUSE server in the
 sandbox's cgroup, so even cgroup v1 charges them), and a kept snapshot
@@ -86,6 +86,32 @@ def check_inside(store):
         t.check_equal(t.read_file(m.p('data', 'small')), b'from the image\n', 'a sibling sandbox')
     store.delete('kept1')
     store.delete('kept2')
+
+
+def as_nobody():
+    os.setgroups([])
+    os.setresgid(65534, 65534, 65534)
+    os.setresuid(65534, 65534, 65534)
+
+
+def check_host_users_kept_out(store):
+    """The snapshot of a running task is mounted for every user (the
+    task's users are not its server's), but the host's users do not reach
+    it: the image's files are the store's, which only root reads."""
+    base = store.path + '-sandboxes/'
+    p = subprocess.Popen([t.tool(), '--store', store.path, 'run', 'img', '--', '/probe', 'trap-term', '60'],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        t.check_equal(p.stdout.readline(), 'trapping\n', 'the task before a host user looks')
+        mounts = [m for m in t.mount_table() if m.startswith(base)]
+        t.check_equal(len(mounts), 1, f'the mounts of a running task: {mounts}')
+        r = subprocess.run(['cat', os.path.join(mounts[0], 'data', 'small')], preexec_fn=as_nobody,
+                           capture_output=True, text=True)
+        t.check(r.returncode != 0 and 'from the image' not in r.stdout,
+                f'a host user reading the snapshot of a running task: {r.stdout!r} {r.stderr!r}')
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)
 
 
 def check_user_namespace(store):
@@ -518,6 +544,7 @@ def run_test():
         make_image(store)
         check_inside(store)
         check_user_namespace(store)
+        check_host_users_kept_out(store)
         check_io(store)
         check_kept_under_write_limit(store)
         check_limits(store)
