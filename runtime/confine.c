@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/personality.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -169,6 +170,11 @@ static int load_filter(const SandboxOptions *opts) {
                 if (r >= 0)
                         r = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
         }
+        /* vsock has no network namespaces: its sockets reach the
+         * hypervisor's services and those of the host's own listeners
+         * from a sandbox meant to have loopback only. */
+        if (r >= 0 && !opts->host_network)
+                r = seccomp_rule_add(ctx, action, SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_EQ, AF_VSOCK));
         /* The filter keeps no_new_privs itself. */
         if (r >= 0)
                 r = seccomp_load(ctx);

@@ -24,6 +24,7 @@
  *   raise SIGNAL         kills itself with SIGNAL
  *   trap-term SECONDS    prints "trapping", sleeps; on SIGTERM prints "caught" and exits 7
  *   personality VALUE... sets each persona (hex), back to PER_LINUX between
+ *   vsock                makes an AF_VSOCK socket
  *   mount | module | unshare | ptrace PID | chroot-escape | ls DIR
  */
 
@@ -39,6 +40,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/ptrace.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -320,6 +322,8 @@ int main(int argc, char *argv[]) {
                 printf("uid %d\n", (int) getuid());
                 return 0;
         }
+        if (!strcmp(cmd, "vsock"))
+                return result("vsock", socket(AF_VSOCK, SOCK_STREAM, 0));
         if (!strcmp(cmd, "personality"))
                 return cmd_personality(argc - 2, argv + 2);
         if (!strcmp(cmd, "ls") && argc > 2)

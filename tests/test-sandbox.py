@@ -263,6 +263,15 @@ def check_escapes(store):
     t.check_equal(r.out.split(), ['personality'] + ['ok'] * len(allowed) + ['EPERM'] * len(refused),
                   f'personalities {allowed} then {refused} inside a sandbox')
 
+    # vsock knows no network namespace: refused, but with the host's network.
+    try:
+        socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM).close()
+        for args, want in (([], 'vsock EPERM'), (['--host-network'], 'vsock ok')):
+            r, _ = run(store, *args, 'img', '--', '/probe', 'vsock')
+            t.check_equal(r.out.strip(), want, f'an AF_VSOCK socket in a sandbox run with {args}')
+    except OSError as e:
+        print(f'vsock: this host has none ({e}); skipped', flush=True)
+
     # What tells of the host's kernel is masked, as container engines do.
     for name in ('timer_list', 'keys', 'kpageflags', 'kpagecount', 'kpagecgroup'):
         if os.path.exists(f'/proc/{name}'):
