@@ -1307,6 +1307,10 @@ static int serve(Store *s, const char *name, const char *mountpoint, const char 
         volume_set_before_wait(srv.volume, NULL);
 
         fuse_session_unmount(se);
+        /* The last commit, while libfuse's handlers still catch SIGTERM
+         * and SIGINT: an unmount is a clean stop, and a signal sent to
+         * hurry it along must not kill it half way. */
+        srv.volume = volume_close(srv.volume);
 remove_handlers:
         fuse_remove_signal_handlers(se);
 destroy:

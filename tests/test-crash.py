@@ -10,6 +10,8 @@ not, never garbage.
 
 import errno
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -137,6 +139,30 @@ def verify(m, durable, maybe):
             check_pages(t.read_file(m.p(rel)), options, f'{rel} (not fsync\'d)')
 
 
+def check_term_during_last_commit(store):
+    """After an unmount the server commits what it holds: SIGTERM sent to
+    it meanwhile (as to hurry a stop along) loses none of it."""
+    store.create('term')
+    m = store.mount('term')
+    m.mount()
+    data = os.urandom(96 * MiB)
+    t.write_file(m.p('big'), data)
+    pid = m.pid
+    subprocess.run(['fusermount3', '-u', m.path], check=True)
+    m.mounted = False
+    for _ in range(200):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            break
+        time.sleep(0.005)
+    t.check(not t.wait_gone([pid], 60), 'the server after its unmount and SIGTERM')
+    with store.mount('term') as m2:
+        t.check(os.path.exists(m2.p('big')), 'a file written before an unmount and SIGTERM is there')
+        t.check_bytes(t.read_file(m2.p('big')), data, 'a file written before an unmount and SIGTERM')
+    store.fsck()
+
+
 def run():
     t.require_fuse()
     cycles = t.env_int('COWBOX_CRASH_CYCLES', 4)
@@ -173,6 +199,7 @@ def run():
             store.fsck()
         store.run('scrub')
         print(f"{len(durable)} fsync'd files verified after {cycles} crashes")
+        check_term_during_last_commit(store)
 
 
 t.main(run)
