@@ -93,6 +93,26 @@ int run_record_add(RunRecord *rec, const char *key, const char *value) {
         return 0;
 }
 
+int run_record_sync(RunRecord *rec) {
+        if (rec->fd < 0)
+                return 0;
+        if (fdatasync(rec->fd) < 0)
+                return -errno;
+        if (!rec->name_synced) {
+                _cleanup_free_ char *dir = strdup(rec->path);
+                _cleanup_close_ int fd = -EBADF;
+
+                if (!dir)
+                        return -ENOMEM;
+                *strrchr(dir, '/') = 0;
+                fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (fd < 0 || fsync(fd) < 0)
+                        return -errno;
+                rec->name_synced = true;
+        }
+        return 0;
+}
+
 void run_record_remove(RunRecord *rec) {
         if (rec->path)
                 (void) unlink(rec->path);

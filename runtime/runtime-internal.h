@@ -55,6 +55,7 @@ int confine_task(const SandboxOptions *opts);
 typedef struct RunRecord {
         int fd;
         char *path;
+        bool name_synced;
 } RunRecord;
 
 /* Makes the record of the run of sandbox name, with this process as its
@@ -62,6 +63,10 @@ typedef struct RunRecord {
 int run_record_create(const char *sandboxes_dir, const char *name, RunRecord *ret);
 /* Adds "key value": what the run made and must be removed if it dies. */
 int run_record_add(RunRecord *rec, const char *key, const char *value);
+/* Makes what was added so far durable, the record's name with it: before
+ * what it names is made durable itself (a power loss may keep that and
+ * lose unsynced lines of the record). */
+int run_record_sync(RunRecord *rec);
 /* At the end of the run; or only closed, when what it names is left for
  * the next run to remove. */
 void run_record_remove(RunRecord *rec);

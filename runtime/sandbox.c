@@ -947,13 +947,17 @@ finish:
 }
 
 /* The snapshot by its UUID too: should it be deleted by hand after this
- * run died, whatever takes its name later is not the run's. */
+ * run died, whatever takes its name later is not the run's. Synced before
+ * the snapshot is made: a power loss may keep the catalog's commit of it
+ * and lose the record's unsynced lines. */
 static int record_snapshot(RunRecord *record, const char *uuid, const char *name) {
         _cleanup_free_ char *value = NULL;
+        int r;
 
         if (asprintf(&value, "%s %s", uuid, name) < 0)
                 return -ENOMEM;
-        return run_record_add(record, "snapshot", value);
+        r = run_record_add(record, "snapshot", value);
+        return r < 0 ? r : run_record_sync(record);
 }
 
 int sandbox_limit_growth(Store *s, const char *name, uint64_t bytes) {

@@ -12,7 +12,8 @@ not write in order). Each time the file system is mounted and the store
 must open, fsck and scrub must find it clean, every file whose fsync
 returned reads back exactly, every snapshot or image made is there with
 every file fsync'd before it, every deleted subvolume is gone, and at some
-points the store takes new work and stays clean.
+points the store takes new work and stays clean. The snapshot of a task
+that a power loss ended is removed by the next run, as after kill -9.
 
   COWBOX_POWERLOSS_SEED=N     replays a run
   COWBOX_POWERLOSS_CUTS=N     how many points are tried (default 16)
@@ -498,6 +499,51 @@ def check_store_work(s, seed, cuts):
     print(f'{len(points | torn)} points checked', flush=True)
 
 
+def check_sandbox_record(s):
+    """A run's record names its snapshot before a power loss can keep the
+    snapshot without it: the next run after the restart removes it."""
+    state = {}
+
+    def workload(disk):
+        s.create('base')
+        workdir = J(disk.tmp, 'workdir')
+        os.mkdir(workdir)
+        p = subprocess.Popen([t.tool(), '--store', s.path, 'run', '--workdir', workdir, 'base', '--',
+                              '/bin/sleep', '60'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not any(n.startswith('sandbox-') for n in s.names()):
+                t.check(time.monotonic() < deadline, 'the snapshot of a running task appears')
+                time.sleep(0.05)
+            # The snapshot's catalog row has been committed, synced.
+            state['made'] = disk.pos()
+        finally:
+            p.kill()
+            p.wait()
+        state['workdir'] = workdir
+
+    disk, records = record_disk(s, 'sandbox', workload)
+
+    def check(cut, what, point):
+        r = s.run('fsck', expect=None)
+        if r.code != 0:
+            t.fail(f'{what}: fsck does not find the store clean:\n{r.describe()}')
+        left = [n for n in s.names() if n.startswith('sandbox-')]
+        t.check(left, f'{what}: the snapshot of the running task is there')
+        # The machine came back more than a minute later: the records of
+        # runs that died with it are stale.
+        records_dir = s.path + '-sandboxes'
+        old = time.time() - 3600
+        for name in os.listdir(records_dir):
+            os.utime(J(records_dir, name), (old, old))
+        s.run('run', '--workdir', state['workdir'], 'base', '--', '/bin/true')
+        s.reap()
+        left = [n for n in s.names() if n.startswith('sandbox-')]
+        t.check_equal(left, [], f'{what}: snapshots of runs the power loss ended, after the next run')
+
+    replay_and_check(s, disk, records, {durable_point(records, state['made'])}, check)
+
+
 def test():
     t.require_root('mounts an ext4 file system on a loop device')
     t.require_fuse()
@@ -508,6 +554,7 @@ def test():
     print(f'seed {seed} (COWBOX_POWERLOSS_SEED={seed} replays it)', flush=True)
 
     with t.Store('powerloss', init=False) as s:
+        check_sandbox_record(s)
         check_store_work(s, seed, cuts)
 
 
