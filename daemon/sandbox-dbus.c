@@ -229,6 +229,16 @@ void manager_sandbox_job_finished(Manager *m, Job *j) {
         }
 }
 
+/* Takes b off the list, unsaved: one that never had a snapshot. */
+static void unlist(Manager *m, Sandbox *b) {
+        for (Sandbox **p = &m->sandboxes; *p; p = &(*p)->next)
+                if (*p == b) {
+                        *p = b->next;
+                        break;
+                }
+        sandbox_free(b);
+}
+
 int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         _cleanup_json_ json_t *opts = NULL, *doc = NULL;
         _cleanup_free_ char *snapshot = NULL;
@@ -258,6 +268,31 @@ int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error 
         if (r >= 0 && asprintf(&snapshot, SANDBOX_PREFIX "%s", name) < 0)
                 r = -ENOMEM;
         if (r >= 0) {
+                b = calloc(1, sizeof *b);
+                r = b ? 0 : -ENOMEM;
+        }
+        if (r >= 0) {
+                b->name = strdup(name);
+                b->image = strdup(image);
+                b->state = strdup("created");
+                b->command = json_array();
+                for (char **a = argv; a && *a; a++)
+                        json_array_append_new(b->command, json_string(*a));
+                b->options = json_incref(opts);
+                /* Listed on disk before its snapshot is made: a crash in
+                 * between leaves a sandbox without a snapshot, which
+                 * DeleteSandbox removes, never a snapshot under a name
+                 * kept for sandboxes that no sandbox names and no call
+                 * may delete. */
+                b->next = m->sandboxes;
+                m->sandboxes = b;
+                r = save(m);
+                if (r < 0) {
+                        unlist(m, b);
+                        b = NULL;
+                }
+        }
+        if (r >= 0) {
                 r = store_subvolume_snapshot(m->store, image, snapshot, false);
                 if (r == -ENOENT)
                         r = store_error_reply(r, image, error);
@@ -273,25 +308,14 @@ int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error 
                         r = store_error_reply(r, snapshot, error);
                 }
         }
-        if (r >= 0) {
-                b = calloc(1, sizeof *b);
-                r = b ? 0 : -ENOMEM;
+        if (r < 0 && b) {
+                unlist(m, b);
+                (void) save(m);
         }
         if (r >= 0) {
-                b->name = strdup(name);
-                b->image = strdup(image);
-                b->state = strdup("created");
-                b->command = json_array();
-                for (char **a = argv; a && *a; a++)
-                        json_array_append_new(b->command, json_string(*a));
-                b->options = json_incref(opts);
-                b->next = m->sandboxes;
-                m->sandboxes = b;
-                r = save(m);
                 (void) manager_signal_subvolume(m, snapshot, true);
                 doc = sandbox_to_json(b);
-                if (r >= 0)
-                        r = api_reply_json(message, doc);
+                r = api_reply_json(message, doc);
         }
         for (char **a = argv; a && *a; a++)
                 free(*a);

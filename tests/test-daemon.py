@@ -339,6 +339,52 @@ def check_crash_while_reaping(bus, daemon, store):
     store.fsck()
 
 
+def check_crash_creating_sandbox(bus, daemon, store):
+    """kill -9 of the daemon while CreateSandbox saves its list: after a
+    restart no snapshot is left under a sandbox's name that no sandbox
+    names (no call could delete it, and the name could not be made
+    again), and the sandbox can be made."""
+    d.cowbox(bus, 'image', 'receive', '-f', os.path.join(CORPUS, 'btrfs-v1-full'), 'sbxcrash')
+    records = store.path + '-sandboxes'
+    os.makedirs(records, exist_ok=True)
+    # The save writes a temporary file first: as a FIFO, it holds the
+    # daemon in open() until it is killed.
+    fifo = os.path.join(records, '.sandboxes.json.tmp')
+    os.mkfifo(fifo)
+    env = dict(os.environ, **bus.env)
+    call = subprocess.Popen([d.client_exe(), 'sandbox', 'create', 'crashed', '--image', 'sbxcrash', '--',
+                             '/bin/true'], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        d.wait_for('the daemon held in opening its list', lambda: open(
+            f'/proc/{daemon.proc.pid}/syscall').read().split()[0] == '257')
+        daemon.kill(signal.SIGKILL)
+    finally:
+        call.wait(30)
+        os.unlink(fifo)
+    daemon.start()
+    listed = json.loads(d.cowbox(bus, '--json', 'sandbox', 'list').out)
+    if any(b['name'] == 'crashed' for b in listed):
+        d.cowbox(bus, 'sandbox', 'rm', 'crashed')
+    t.check_equal([n for n in store.names() if n.startswith('sbx-')], [],
+                  'snapshots of sandboxes after kill -9 during CreateSandbox and a sandbox rm')
+    d.cowbox(bus, 'sandbox', 'create', 'crashed', '--image', 'sbxcrash', '--', '/bin/true')
+
+    # Killed once the list was saved, before the snapshot was made: the
+    # sandbox is listed and can be removed.
+    daemon.stop()
+    state = os.path.join(records, '.sandboxes.json')
+    listed = json.loads(t.read_file(state))
+    listed.append(dict(listed[0], name='ghost'))
+    t.write_file(state, json.dumps(listed).encode())
+    daemon.start()
+    d.cowbox(bus, 'sandbox', 'rm', 'ghost')
+    d.cowbox(bus, 'sandbox', 'create', 'ghost', '--image', 'sbxcrash', '--', '/bin/true')
+    for name in ('crashed', 'ghost'):
+        d.cowbox(bus, 'sandbox', 'rm', name)
+    d.cowbox(bus, 'image', 'rm', 'sbxcrash')
+    store.fsck()
+
+
 def reaper_settings(store):
     """The reapers' settings, as `reap --pause` prints them (the reapers are
     paused already where this is used)."""
@@ -472,6 +518,7 @@ def run():
             check_cancel_and_crash(bus, daemon, store)
             check_job_limit(bus, store)
             check_crash_while_reaping(bus, daemon, store)
+            check_crash_creating_sandbox(bus, daemon, store)
             nobody = check_access(bus, store)
         check_daemon_refuses(store, nobody)
         check_reaper_marks(store)
