@@ -546,6 +546,7 @@ int workspace_create(Workspaces *w, Store *s, const char *store_path, const char
         _cleanup_free_ char *subvolume = NULL;
         StoreSubvolumeInfo info = {};
         Workspace *ws;
+        bool made = false;
         int r;
 
         if (!workspace_name_is_valid(name))
@@ -586,31 +587,31 @@ int workspace_create(Workspaces *w, Store *s, const char *store_path, const char
                 return -EADDRINUSE;
         }
 
-        r = store_subvolume_snapshot(s, image, subvolume, false);
-        if (r < 0) {
-                workspace_free(ws);
-                return r;
+        /* Listed on disk before its subvolume is made: a crash in between
+         * leaves a workspace without a subvolume, which RemoveWorkspace
+         * removes, never a subvolume under a name kept for workspaces
+         * that no workspace names and no call may delete. */
+        ws->next = w->list;
+        w->list = ws;
+        r = workspaces_save(w);
+        if (r >= 0) {
+                r = store_subvolume_snapshot(s, image, subvolume, false);
+                made = r >= 0;
         }
-        r = give_root_to(s, subvolume, owner, group);
+        if (r >= 0)
+                r = give_root_to(s, subvolume, owner, group);
         /* Also without a limit: a snapshot keeps the image's quota. */
         if (r >= 0)
                 r = store_subvolume_set_quota(s, subvolume, limit);
-        if (r >= 0) {
-                ws->next = w->list;
-                w->list = ws;
-                r = workspaces_save(w);
-                if (r < 0)
-                        w->list = ws->next;
-        }
         if (r >= 0)
                 r = workspace_mount(ws, s, store_path);
         if (r < 0) {
-                if (w->list == ws) {
-                        w->list = ws->next;
-                        (void) workspaces_save(w);
+                w->list = ws->next;
+                (void) workspaces_save(w);
+                if (made) {
+                        (void) workspace_unmount(ws, s);
+                        (void) store_subvolume_delete(s, subvolume, NULL);
                 }
-                (void) workspace_unmount(ws, s);
-                (void) store_subvolume_delete(s, subvolume, NULL);
                 workspace_free(ws);
         }
         return r;

@@ -421,6 +421,52 @@ def check_linked_default_path(dev):
             d.cowbox(bus, 'workspace', 'rm', 'linked')
 
 
+def check_crash_creating(dev):
+    """kill -9 of the daemon while CreateWorkspace saves its list: after a
+    restart no subvolume is left under a workspace's name that no workspace
+    names (no call could delete it, and the workspace could not be made
+    again), and the workspace can be made."""
+    with t.Store('workspace-crash') as store:
+        make_image(store)
+        with d.bus_and_daemon(store) as (bus, daemon):
+            # The save writes a temporary file first: as a FIFO, it holds
+            # the daemon in open() until it is killed.
+            fifo = os.path.join(store.path + '-workspaces', '.workspaces.json.tmp')
+            os.mkfifo(fifo)
+            call = subprocess.Popen([d.client_exe(), 'workspace', 'create', 'crashed', '--image', 'src-main',
+                                     '--owner', 'cowbox-test-dev'], env=dict(os.environ, **bus.env),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                d.wait_for('the daemon held in opening its list', lambda: open(
+                    f'/proc/{daemon.proc.pid}/syscall').read().split()[0] == '257')
+                daemon.kill(signal.SIGKILL)
+            finally:
+                call.wait(30)
+                os.unlink(fifo)
+            daemon.start()
+            if 'crashed' in workspace_names(bus):
+                d.cowbox(bus, 'workspace', 'rm', 'crashed')
+            t.check_equal([n for n in store.names() if n.startswith('workspace-')], [],
+                          'subvolumes of workspaces after kill -9 during CreateWorkspace and a workspace rm')
+            d.cowbox(bus, 'workspace', 'create', 'crashed', '--image', 'src-main', '--owner', 'cowbox-test-dev')
+
+            # Killed once the list was saved, before the subvolume was
+            # made: the workspace is listed and can be removed.
+            daemon.stop()
+            state = os.path.join(store.path + '-workspaces', '.workspaces.json')
+            doc = json.loads(t.read_file(state))
+            ghost = dict(doc['workspaces'][0], name='ghost', path=os.path.join(store.tmp, 'ghost'))
+            doc['workspaces'].append(ghost)
+            t.write_file(state, json.dumps(doc).encode())
+            daemon.start()
+            t.check('ghost' in workspace_names(bus), 'a listed workspace whose subvolume was never made')
+            d.cowbox(bus, 'workspace', 'rm', 'ghost')
+            d.cowbox(bus, 'workspace', 'create', 'ghost', '--image', 'src-main', '--owner', 'cowbox-test-dev')
+            for name in ('crashed', 'ghost'):
+                d.cowbox(bus, 'workspace', 'rm', name)
+        store.fsck()
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -530,6 +576,7 @@ def run():
     check_swapped_mount_point(dev)
     check_relative_store(dev)
     check_linked_default_path(dev)
+    check_crash_creating(dev)
     check_disk_full()
 
 
