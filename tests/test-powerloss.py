@@ -2,18 +2,19 @@
 # SPDX-License-Identifier: LGPL-2.1-or-later
 """A power loss keeps what was acknowledged: the store lives on ext4 on a
 loop device whose disk (tests/blocklog, through FUSE) records every write
-and every flush. Writers fsync files through mounts while snapshots are
-made, sent and received, and deleted, and reaps fold layers; then the disk
-is rebuilt as a power loss at many points would have left it: the log up
-to a point; at the point an acknowledgement was given, only up to the
-flush before it (a disk may lose all it was not asked to flush); or up to
-a flush and some of the writes after it, at random (a disk's cache need
-not write in order). Each time the file system is mounted and the store
-must open, fsck and scrub must find it clean, every file whose fsync
-returned reads back exactly, every snapshot or image made is there with
-every file fsync'd before it, every deleted subvolume is gone, and at some
-points the store takes new work and stays clean. The snapshot of a task
-that a power loss ended is removed by the next run, as after kill -9.
+and every flush. Writers fsync files, or write them with O_DSYNC, through
+mounts while snapshots are made, sent and received, and deleted, and reaps
+fold layers; then the disk is rebuilt as a power loss at many points would
+have left it: the log up to a point; at the point an acknowledgement was
+given, only up to the flush before it (a disk may lose all it was not
+asked to flush); or up to a flush and some of the writes after it, at
+random (a disk's cache need not write in order). Each time the file
+system is mounted and the store must open, fsck and scrub must find it
+clean, every file whose fsync (or O_DSYNC write) returned reads back
+exactly, every snapshot or image made is there with every file fsync'd
+before it, every deleted subvolume is gone, and at some points the store
+takes new work and stays clean. The snapshot of a task that a power loss
+ended is removed by the next run, as after kill -9.
 
   COWBOX_POWERLOSS_SEED=N     replays a run
   COWBOX_POWERLOSS_CUTS=N     how many points are tried (default 16)
@@ -208,8 +209,21 @@ class Workload:
                 size = rng.choice([0, 100, 3000, 5000, 64 * KiB, 70 * KiB, 200 * KiB + 17, 700 * KiB])
                 data = content(seed * 1000 + i, size)
                 rel = f'd{i % 4}/f{i}'
-                t.write_file(mount.p(rel), data, fsync=True)
-                t.fsync_dir(d)
+                if i % 5 == 4:
+                    # Named for good first; then each write() with
+                    # O_DSYNC returns once its data is durable.
+                    t.write_file(mount.p(rel), b'')
+                    t.fsync_dir(d)
+                    fd = os.open(mount.p(rel), os.O_WRONLY | os.O_DSYNC | os.O_CLOEXEC)
+                    try:
+                        view = memoryview(data)
+                        while view:
+                            view = view[os.write(fd, view):]
+                    finally:
+                        os.close(fd)
+                else:
+                    t.write_file(mount.p(rel), data, fsync=True)
+                    t.fsync_dir(d)
                 self.ack_file(subvol, rel, data)
                 if i % 3 == 2:
                     # Rewrite part of an earlier file in place.
