@@ -438,6 +438,25 @@ static int check_mount_point(const Workspace *ws) {
         return 0;
 }
 
+/* A restore switches the workspace over to its new state in two commits,
+ * the old state deleted, then the new one renamed: a crash in between
+ * leaves the new state under its temporary name and none under the
+ * workspace's. The switch is finished before the workspace is served. */
+static int finish_restore(Store *s, const char *subvolume) {
+        _cleanup_free_ char *incoming = NULL;
+        StoreSubvolumeInfo info = {};
+        int r;
+
+        r = store_subvolume_show(s, subvolume, &info);
+        store_subvolume_info_clear(&info);
+        if (r != -ENOENT)
+                return r < 0 ? r : 0;
+        if (asprintf(&incoming, "%s" WORKSPACE_RESTORING_SUFFIX, subvolume) < 0)
+                return -ENOMEM;
+        r = store_subvolume_rename(s, incoming, subvolume);
+        return r == -ENOENT ? 0 : r;
+}
+
 int workspace_mount(Workspace *ws, Store *s, const char *store_path) {
         _cleanup_free_ char *subvolume = NULL;
         _cleanup_close_ int rfd = -EBADF;
@@ -451,6 +470,8 @@ int workspace_mount(Workspace *ws, Store *s, const char *store_path) {
                 (void) umount2(ws->path, MNT_DETACH | UMOUNT_NOFOLLOW);
         }
         r = workspace_subvolume(ws->name, NULL, &subvolume);
+        if (r >= 0)
+                r = finish_restore(s, subvolume);
         if (r < 0)
                 return r;
         r = ws->mount_error = check_mount_point(ws);
@@ -731,6 +752,7 @@ int workspace_restore(Workspaces *w, Store *s, const char *store_path, const cha
         _cleanup_free_ char *subvolume = NULL, *checkpoint = NULL, *incoming = NULL;
         Workspace *ws = workspace_find(w, name);
         StoreSubvolumeInfo info = {};
+        bool deleted = false;
         int r;
 
         if (!ws)
@@ -746,7 +768,7 @@ int workspace_restore(Workspaces *w, Store *s, const char *store_path, const cha
                 return r == -ENOENT ? -ENOKEY : r;
 
         /* The restored state is made first; then the workspace is switched
-         * over to it with one rename. */
+         * over to it: the old state deleted, the new one renamed. */
         (void) store_subvolume_delete(s, incoming, NULL);
         r = store_subvolume_snapshot(s, checkpoint, incoming, false);
         if (r >= 0)
@@ -754,12 +776,19 @@ int workspace_restore(Workspaces *w, Store *s, const char *store_path, const cha
         if (r < 0)
                 return r;
         r = workspace_unmount(ws, s);
-        if (r >= 0)
+        if (r >= 0) {
                 r = store_subvolume_delete(s, subvolume, NULL);
+                if (r == -ENOENT)
+                        r = 0; /* a restore that a crash cut short */
+                deleted = r >= 0;
+        }
         if (r >= 0)
                 r = store_subvolume_rename(s, incoming, subvolume);
         if (r < 0) {
-                (void) store_subvolume_delete(s, incoming, NULL);
+                /* Once the old state is gone the new one is all there is:
+                 * the mount finishes the switch. */
+                if (!deleted)
+                        (void) store_subvolume_delete(s, incoming, NULL);
                 (void) workspace_mount(ws, s, store_path);
                 return r;
         }

@@ -467,6 +467,38 @@ def check_crash_creating(dev):
         store.fsck()
 
 
+def check_restore_cut_short(dev):
+    """A restore deletes the workspace's state, then renames the restored
+    one to it: after a crash in between (kill -9, a power loss), the
+    restarted daemon finishes the switch and serves the restored state."""
+    with t.Store('workspace-restore-crash') as store:
+        make_image(store)
+        with d.bus_and_daemon(store) as (bus, daemon):
+            path = json.loads(d.cowbox(bus, '--json', 'workspace', 'create', 'cut', '--image', 'src-main',
+                                       '--owner', 'cowbox-test-dev').out)['path']
+            as_user(bus, dev, 'sh', '-c', f'echo before > {path}/state')
+            d.cowbox(bus, 'workspace', 'checkpoint', 'cut', 'good', user=dev)
+            as_user(bus, dev, 'sh', '-c', f'echo after > {path}/state')
+
+            # What a daemon that died between the two leaves.
+            daemon.stop()
+            subprocess.run(['umount', path], check=True)
+            d.wait_for('the server to let go', lambda: store.show('workspace-cut')['mounted_by'] == 0)
+            store.snapshot('workspace-cut@good', 'workspace-cut+restoring')
+            store.delete('workspace-cut', reap=False)
+
+            daemon.start()
+            shown = d.gdbus_json(bus, 'GetWorkspace', 'cut')
+            t.check_equal(shown['state'], 'mounted', 'a workspace whose restore a crash cut short, after a restart')
+            t.check_equal(t.read_file(os.path.join(path, 'state')), b'before\n',
+                          'the workspace whose restore a crash cut short')
+            t.check_equal([n for n in store.names() if n.endswith('+restoring')], [],
+                          'restored states left under their temporary name')
+            d.cowbox(bus, 'workspace', 'restore', 'cut', 'good', user=dev)
+            d.cowbox(bus, 'workspace', 'rm', 'cut')
+        store.fsck()
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -577,6 +609,7 @@ def run():
     check_relative_store(dev)
     check_linked_default_path(dev)
     check_crash_creating(dev)
+    check_restore_cut_short(dev)
     check_disk_full()
 
 
