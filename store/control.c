@@ -308,13 +308,9 @@ static int control_request(Store *s, uint64_t subvolume_id, const char *text, un
 
 int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly, const char *uuid) {
         char buf[REQUEST_MAX + 1];
-        int r;
 
         snprintf(buf, sizeof buf, "snapshot-as %d %s %s\n", readonly ? 1 : 0, uuid, name);
-        r = control_request(s, subvolume_id, buf, 0);
-        /* Held by a process that serves no control socket (a read-only
-         * server, a delete in progress): the subvolume is busy. */
-        return r == -ECONNREFUSED ? -EBUSY : r;
+        return control_request(s, subvolume_id, buf, 0);
 }
 
 /* A server that does not answer soon reads the quota at its next commit

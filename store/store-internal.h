@@ -464,6 +464,8 @@ typedef struct ControlServer ControlServer;
 struct Volume;
 int control_server_start(struct Volume *v, Store *s, uint64_t subvolume_id, ControlServer **ret);
 ControlServer *control_server_stop(ControlServer *c);
+/* Asks the server of the subvolume for a snapshot; -ECONNREFUSED if
+ * nobody serves its control socket. */
 int control_request_snapshot(Store *s, uint64_t subvolume_id, const char *name, bool readonly, const char *uuid);
 /* Tells the server of the subvolume, if one has it mounted writable, that
  * its quota changed. */

@@ -18,6 +18,7 @@
 #include "process-util.h"
 #include "sqlite-util.h"
 #include "store-internal.h"
+#include "time-util.h"
 
 uint64_t now_usec(void) {
         struct timespec ts;
@@ -458,6 +459,13 @@ fail:
  * while the source's lock is held: what was read before the lock can be
  * stale, and a read-only source is not locked at all. */
 #define STALE_ATTEMPTS 8
+/* A server holds the lock from before it serves its control socket (it
+ * loads the layers, drops what files unlinked while open left) until
+ * after it stops serving it (the last commit): a snapshot waits for
+ * either end of that rather than fail, for a while (cowboxd waits with
+ * it). */
+#define SERVER_WAIT_USEC 10000000u
+#define SERVER_RETRY_USEC 10000
 
 static int snapshot_once(Store *s, const char *source, const char *name, bool readonly, const char *uuid) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord src = {};
@@ -510,6 +518,7 @@ int store_subvolume_snapshot(Store *s, const char *source, const char *name, boo
 
 int store_subvolume_snapshot_as(Store *s, const char *source, const char *name, bool readonly, const char *uuid) {
         SubvolumeRecord existing = {};
+        uint64_t deadline = 0;
         int r;
 
         if (!store_name_is_valid(source) || !store_name_is_valid(name) || !uuid || !uuid_string_is_valid(uuid))
@@ -522,11 +531,19 @@ int store_subvolume_snapshot_as(Store *s, const char *source, const char *name, 
         if (r != -ENOENT)
                 return r;
 
-        for (unsigned attempt = 1;; attempt++) {
+        for (unsigned attempt = 1;;) {
                 r = snapshot_once(s, source, name, readonly, uuid);
+                if (r == -ECONNREFUSED) {
+                        if (deadline == 0)
+                                deadline = monotonic_usec() + SERVER_WAIT_USEC;
+                        else if (monotonic_usec() >= deadline)
+                                return -EBUSY;
+                        (void) usleep(SERVER_RETRY_USEC);
+                        continue;
+                }
                 if (r != -ESTALE)
                         return r;
-                if (attempt >= STALE_ATTEMPTS)
+                if (++attempt > STALE_ATTEMPTS)
                         return -EAGAIN;
         }
 }

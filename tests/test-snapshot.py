@@ -8,6 +8,7 @@ accounting that the reaper makes good, and counts that leave out files
 unlinked while open."""
 
 import errno
+import fcntl
 import os
 import socket
 import subprocess
@@ -299,6 +300,34 @@ def test_snapshot_of_hidden_mount(store):
                       'a fsync\'d file in a snapshot taken while the mount was covered')
 
 
+def test_snapshot_while_server_starts(store):
+    """A server holds the subvolume's lock from before it answers snapshots
+    (it loads the layers, drops what files unlinked while open left) until
+    after it stops answering them (its last commit). A snapshot asked for
+    then waits for it instead of failing because the subvolume is in use.
+    Here this process takes the lock as a server does and answers nothing
+    for a second."""
+    store.create('starting')
+    with store.mount('starting') as m:
+        t.write_file(m.p('kept'), b'kept', fsync=True)
+    sid = store.show('starting')['id']
+    with open(os.path.join(store.path, 'locks', f'subvolume-{sid}.lock'), 'r+') as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock.write(f'{os.getpid()}\n')
+        lock.truncate()
+        lock.flush()
+        snap = subprocess.Popen([t.tool(), '--store', store.path, 'subvolume', 'snapshot', 'starting', 'started'],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1)
+        gave_up = snap.poll() is not None
+    out, err = snap.communicate(timeout=60)
+    t.check(not gave_up, f'the snapshot gave up while the server was starting: {out}{err}')
+    t.check_equal(snap.returncode, 0, f'the snapshot once the server let go: {out}{err}')
+    with store.mount('started', readonly=True) as m:
+        t.check_bytes(t.read_file(m.p('kept')), b'kept', 'a file in the snapshot')
+    store.delete('started')
+
+
 def test_single_writer(store):
     """A subvolume mounted writable cannot be mounted writable again nor
     deleted; both refusals name the process that holds it."""
@@ -495,6 +524,7 @@ def run():
         sub.run('snapshot while mounted and written', test_live_snapshot, store)
         sub.run('snapshot of writes never fsync\'d', test_snapshot_of_unflushed, store)
         sub.run('snapshot while the mount is covered', test_snapshot_of_hidden_mount, store)
+        sub.run('snapshot while the server starts', test_snapshot_while_server_starts, store)
         sub.run('one writable mount, delete refused while mounted', test_single_writer, store)
         sub.run('read-only mounts are shared, and refuse a delete', test_read_only_mounts, store)
         sub.run('allocated blocks through layers', test_blocks_through_layers, store)
