@@ -764,11 +764,41 @@ ssize_t volume_write(Volume *v, uint64_t ino, const void *buf, size_t size, uint
         return (ssize_t) size;
 }
 
+/* Ranges of more blocks than this are not walked block by block: the
+ * blocks of the file that may hold data are listed instead, so that a hole
+ * punched in, or cloned into, a sparse file of terabytes costs its few
+ * blocks and not its size. */
+#define RANGE_WALK_BLOCKS_MAX 1024
+
+static int data_candidate_blocks(Volume *v, uint64_t ino, uint64_t first, uint64_t n_blocks, uint64_t **ret,
+                                 size_t *ret_n);
+
+static int block_zero(Volume *v, uint64_t ino, uint64_t idx) {
+        int r;
+
+        r = extent_put(v, ino, idx, NULL, 0, 0);
+        if (r >= 0 && data_forget_dirty_one(v, ino, idx))
+                v->memory_changes++;
+        return r;
+}
+
 /* Zeroes [offset, offset + length) of a block file within its size: whole
  * blocks become holes, partial ones are rewritten. The partial ones are
  * read first: a damaged one fails the call before anything changed. */
 static int blocks_zero_range(Volume *v, const InodeRow *row, uint64_t offset, uint64_t length) {
         uint64_t end = MIN(offset + length, row->size);
+        uint64_t first = DIV_ROUND_UP(offset, STORE_BLOCK_SIZE), last = end / STORE_BLOCK_SIZE;
+        _cleanup_free_ uint64_t *candidates = NULL;
+        size_t n_candidates = 0;
+        bool listed = false;
+        int r;
+
+        if (last > first && last - first > RANGE_WALK_BLOCKS_MAX) {
+                r = data_candidate_blocks(v, row->ino, first, last, &candidates, &n_candidates);
+                if (r < 0)
+                        return r;
+                listed = true;
+        }
 
         for (int pass = 0; pass < 2; pass++)
                 for (uint64_t pos = offset; pos < end;) {
@@ -776,17 +806,23 @@ static int blocks_zero_range(Volume *v, const InodeRow *row, uint64_t offset, ui
                         size_t in_block = (size_t) (pos % STORE_BLOCK_SIZE);
                         size_t n = (size_t) MIN(end - pos, (uint64_t) STORE_BLOCK_SIZE - in_block);
                         DirtyBlock *b;
-                        int r = 0;
 
+                        r = 0;
                         if (n < STORE_BLOCK_SIZE) {
                                 r = dirty_get(v, row, idx, true, &b);
                                 if (r >= 0 && pass == 1)
                                         dirty_zero(v, b, in_block, n);
-                        } else if (pass == 1) {
-                                r = extent_put(v, row->ino, idx, NULL, 0, 0);
-                                if (r >= 0 && data_forget_dirty_one(v, row->ino, idx))
-                                        v->memory_changes++;
-                        }
+                        } else if (listed) {
+                                /* The whole blocks at once: those with no
+                                 * data in any layer are holes already. */
+                                for (size_t i = 0; pass == 1 && r >= 0 && i < n_candidates; i++)
+                                        r = block_zero(v, row->ino, candidates[i]);
+                                if (r < 0)
+                                        return r;
+                                pos = last * STORE_BLOCK_SIZE;
+                                continue;
+                        } else if (pass == 1)
+                                r = block_zero(v, row->ino, idx);
                         if (r < 0)
                                 return r;
                         pos += n;
@@ -1013,6 +1049,7 @@ uint64_t data_allocated_bytes(Volume *v, const InodeRow *row) {
                 if (!layer_may_have(&v->layers[i], row->ino))
                         continue;
                 sqlite3_bind_int64(st, 1, (sqlite3_int64) row->ino);
+                sqlite3_bind_int64(st, 2, 0);
                 while (r >= 0 && sqlite3_step(st) == SQLITE_ROW) {
                         uint64_t idx = (uint64_t) sqlite3_column_int64(st, 0);
 
@@ -1145,9 +1182,41 @@ static int clone_copy(Volume *dst, uint64_t dst_ino, uint64_t dst_offset,
         return 0;
 }
 
+/* Makes [offset, offset + length) of dst's file read as zeros, and the
+ * file at least that long: where the source of a clone is a hole. */
+static int clone_zero(Volume *dst, uint64_t ino, uint64_t offset, uint64_t length) {
+        TopChange change;
+        int r;
+
+        MUTEX_LOCKED(&dst->lock);
+        r = top_change_begin(dst, &change);
+        return top_change_end(dst, &change, r ?: data_allocate(dst, ino, FALLOC_FL_PUNCH_HOLE, offset, length));
+}
+
+/* The blocks from first and below n_blocks of a clone's source that may
+ * hold data; *ret_listed is false when its content is inline, all of it
+ * data. */
+static int clone_source_candidates(Volume *src, uint64_t ino, uint64_t first, uint64_t n_blocks, uint64_t **ret,
+                                   size_t *ret_n, bool *ret_listed) {
+        _cleanup_(inode_row_clear) InodeRow row = {};
+        int r;
+
+        MUTEX_LOCKED(&src->lock);
+        r = inode_get(src, ino, &row);
+        if (r < 0)
+                return r;
+        *ret_listed = !row.has_data;
+        if (row.has_data)
+                return 0;
+        return data_candidate_blocks(src, ino, first, n_blocks, ret, ret_n);
+}
+
 int volume_clone_range(Volume *dst, uint64_t dst_ino, uint64_t dst_offset,
                        Volume *src, uint64_t src_ino, uint64_t src_offset, uint64_t length) {
+        _cleanup_free_ uint64_t *candidates = NULL;
         _cleanup_free_ uint8_t *buf = NULL;
+        size_t n_candidates = 0, c = 0;
+        bool listed = false;
         struct stat src_st;
         int r;
 
@@ -1173,11 +1242,33 @@ int volume_clone_range(Volume *dst, uint64_t dst_ino, uint64_t dst_offset,
         buf = malloc(STORE_BLOCK_SIZE);
         if (!buf)
                 return -ENOMEM;
+        if (length / STORE_BLOCK_SIZE > RANGE_WALK_BLOCKS_MAX) {
+                r = clone_source_candidates(src, src_ino, src_offset / STORE_BLOCK_SIZE,
+                                            DIV_ROUND_UP(src_offset + length, STORE_BLOCK_SIZE),
+                                            &candidates, &n_candidates, &listed);
+                if (r < 0)
+                        return r;
+        }
 
         for (uint64_t pos = 0; pos < length;) {
                 uint64_t so = src_offset + pos, doff = dst_offset + pos;
                 size_t n = (size_t) MIN(length - pos, (uint64_t) STORE_BLOCK_SIZE - doff % STORE_BLOCK_SIZE);
                 bool aligned = so % STORE_BLOCK_SIZE == 0 && doff % STORE_BLOCK_SIZE == 0;
+
+                while (listed && c < n_candidates && candidates[c] < so / STORE_BLOCK_SIZE)
+                        c++;
+                if (listed && (c == n_candidates || candidates[c] > so / STORE_BLOCK_SIZE)) {
+                        /* No layer has data in this block of the source: it
+                         * reads as zeros up to the next block that may. */
+                        uint64_t next = c < n_candidates ? candidates[c] * STORE_BLOCK_SIZE : src_offset + length;
+                        uint64_t zeros = MIN(next, src_offset + length) - so;
+
+                        r = clone_zero(dst, dst_ino, doff, zeros);
+                        if (r < 0)
+                                return r;
+                        pos += zeros;
+                        continue;
+                }
 
                 if (aligned && (n == STORE_BLOCK_SIZE || so + n == (uint64_t) src_st.st_size)) {
                         Digest d;
@@ -1204,9 +1295,10 @@ int volume_clone_range(Volume *dst, uint64_t dst_ino, uint64_t dst_offset,
         return 0;
 }
 
-/* The block indexes below n_blocks that may hold data: the dirty ones, and
- * those that any layer has a row of; the rest of the file is holes. Sorted,
- * each once. */
+/* The block indexes from first and below n_blocks that may hold data: the
+ * dirty ones, and those that any layer has a row of; the rest of the file
+ * is holes. Sorted, each once; the rows of a layer before first are not
+ * read. */
 typedef struct BlockList {
         uint64_t *idx;
         size_t n, allocated;
@@ -1221,7 +1313,8 @@ static int block_list_add(uint64_t idx, void *userdata) {
         return 0;
 }
 
-static int data_candidate_blocks(Volume *v, uint64_t ino, uint64_t n_blocks, uint64_t **ret, size_t *ret_n) {
+static int data_candidate_blocks(Volume *v, uint64_t ino, uint64_t first, uint64_t n_blocks, uint64_t **ret,
+                                 size_t *ret_n) {
         _cleanup_free_ uint64_t *idx = NULL;
         BlockList list = {};
         size_t n, kept = 0;
@@ -1234,6 +1327,7 @@ static int data_candidate_blocks(Volume *v, uint64_t ino, uint64_t n_blocks, uin
                 if (!layer_may_have(&v->layers[l], ino))
                         continue;
                 sqlite3_bind_int64(st, 1, (sqlite3_int64) ino);
+                sqlite3_bind_int64(st, 2, (sqlite3_int64) first);
                 while ((r = sqlite_step_row(st)) > 0) {
                         uint64_t i = (uint64_t) sqlite3_column_int64(st, 0);
 
@@ -1252,7 +1346,7 @@ static int data_candidate_blocks(Volume *v, uint64_t ino, uint64_t n_blocks, uin
         if (n > 0)
                 qsort(idx, n, sizeof *idx, u64_compare);
         for (size_t i = 0; i < n; i++)
-                if (kept == 0 || idx[kept - 1] != idx[i])
+                if (idx[i] >= first && (kept == 0 || idx[kept - 1] != idx[i]))
                         idx[kept++] = idx[i];
         *ret = TAKE_PTR(idx);
         *ret_n = kept;
@@ -1276,7 +1370,7 @@ int volume_file_extents(Volume *v, uint64_t ino, VolumeExtent **ret, size_t *ret
                 return -ENODATA;
 
         /* A sparse file of terabytes lists its few blocks, not its size. */
-        r = data_candidate_blocks(v, ino, DIV_ROUND_UP(row.size, STORE_BLOCK_SIZE), &candidates, &n_candidates);
+        r = data_candidate_blocks(v, ino, 0, DIV_ROUND_UP(row.size, STORE_BLOCK_SIZE), &candidates, &n_candidates);
         if (r < 0)
                 return r;
         extents = calloc(MAX(n_candidates, 1u), sizeof *extents);

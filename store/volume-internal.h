@@ -19,7 +19,7 @@ typedef struct VolumeLayer {
         sqlite3_stmt *get_dentry;
         sqlite3_stmt *list_dentries;
         sqlite3_stmt *get_extent;
-        sqlite3_stmt *list_extents;
+        sqlite3_stmt *list_extents;     /* of an inode, from a block index on */
         sqlite3_stmt *get_xattr;
         sqlite3_stmt *list_xattrs;
         sqlite3_stmt *copy_xattrs;

@@ -159,7 +159,7 @@ static void top_finalize(Volume *v) {
                 { offsetof(VolumeLayer, get_extent),                                                             \
                   "SELECT digest, len, " extent_ok " FROM extents WHERE ino = ?1 AND idx = ?2" },                 \
                 { offsetof(VolumeLayer, list_extents),                                                           \
-                  "SELECT idx, digest, len, " extent_ok " FROM extents WHERE ino = ?1 ORDER BY idx" },            \
+                  "SELECT idx, digest, len, " extent_ok " FROM extents WHERE ino = ?1 AND idx >= ?2 ORDER BY idx" },            \
                 { offsetof(VolumeLayer, get_xattr),                                                              \
                   "SELECT value, " xattr_ok " FROM xattrs WHERE ino = ?1 AND name = ?2" },                        \
                 { offsetof(VolumeLayer, list_xattrs),                                                            \

@@ -236,6 +236,52 @@ def check_lzo_past_its_data(store, tmp):
     store.run('subvolume', 'delete', 'lzo')
 
 
+def check_huge_sparse_ranges(store, tmp):
+    """Clones of, and holes punched in, ranges of a petabyte of a sparse
+    file: the work follows the few blocks that hold data, not the size (a
+    walk of every 64 KiB block of the range never ended). The clones get
+    the source's data and its holes, also over data they had before."""
+    size = 2**50
+    middle, end = 5 * 2**20, size - 3
+
+    def clone(dst, dst_offset, length, src, src_offset):
+        return command('clone', ('file_offset', dst_offset), ('clone_len', length), ('path', dst),
+                       ('clone_uuid', UUID), ('clone_ctransid', 7), ('clone_path', src),
+                       ('clone_offset', src_offset))
+
+    def write(path, offset, data):
+        return command('write', ('path', path), ('file_offset', offset), ('data', data))
+
+    body = [mkfile('f'), command('truncate', ('path', 'f'), ('size', size)), write('f', middle, b'middle'),
+            write('f', end, b'end'),
+            mkfile('g'), write('g', 0, b'x' * 40000), write('g', 2**40, b'y' * 100), clone('g', 0, size, 'f', 0),
+            mkfile('h'), clone('h', 4096, size // 2, 'f', 0),
+            command('fallocate', ('path', 'f'), ('fallocate_mode', 3), ('file_offset', 0), ('size', size))]
+    path = os.path.join(tmp, 'sparse')
+    with open(path, 'wb') as f:
+        f.write(simple_stream('sparse', uuid=UUID, body=body))
+    store.run('receive', '-f', path, timeout=60)
+
+    def read_at(p, offset, n):
+        with open(p, 'rb') as f:
+            f.seek(offset)
+            return f.read(n)
+
+    with store.mount('sparse', readonly=True) as m:
+        t.check_equal(os.path.getsize(m.p('f')), size, 'the size of f, its holes punched')
+        t.check_bytes(read_at(m.p('f'), middle - 10, 20) + read_at(m.p('f'), end - 10, 20), bytes(33),
+                      'f after its whole range was punched')
+        t.check_equal(os.path.getsize(m.p('g')), size, 'the size of g, cloned from f')
+        t.check_bytes(read_at(m.p('g'), 0, 40000) + read_at(m.p('g'), 2**40, 100), bytes(40100),
+                      'what g held where f has holes')
+        t.check_bytes(read_at(m.p('g'), middle - 2, 10) + read_at(m.p('g'), end - 2, 10),
+                      b'\0\0middle\0\0' + b'\0\0end', "g's data, cloned from f")
+        t.check_equal(os.path.getsize(m.p('h')), 4096 + size // 2, 'the size of h, cloned from f')
+        t.check_bytes(read_at(m.p('h'), 0, 4096) + read_at(m.p('h'), 4096 + middle - 2, 10),
+                      bytes(4096) + b'\0\0middle\0\0', 'h, cloned from f to another offset in its block')
+    store.run('subvolume', 'delete', 'sparse')
+
+
 def check_increment_in_one_input(store, tmp):
     """An image and an increment on it in one input: the increment finds its
     parent, and clones from it, before either has its name."""
@@ -346,6 +392,7 @@ def run():
             check_every_command(store, tmp)
             store.run('subvolume', 'delete', 'every')
             check_lzo_past_its_data(store, tmp)
+            check_huge_sparse_ranges(store, tmp)
             check_increment_in_one_input(store, tmp)
         check_unfinished_image_unseen(store, tmp)
         r = store.run('receive', '-f', path, expect=1)
