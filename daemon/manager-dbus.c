@@ -410,9 +410,13 @@ static void stream_work_free(void *userdata) {
 
 static json_t *receive_work(Store *s, void *userdata, int *ret_error, char **ret_error_text,
                             void (*progress)(uint64_t, uint64_t)) {
+        /* A stream names its images itself unless given a name: never one
+         * that workspaces and sandboxes make for themselves. */
+        static const char *const reserved[] = { WORKSPACE_PREFIX, SANDBOX_PREFIX, NULL };
         StreamWork *w = userdata;
         ImageReceiveOptions opts = {
                 .name = w->name,
+                .reserved_prefixes = reserved,
                 .progress = image_progress,
                 .no_background_reap = true,
         };

@@ -53,6 +53,10 @@ typedef struct ImageReceiveOptions {
         /* The image's name instead of the stream's subvolume name; only for
          * a stream of one subvolume. */
         const char *name;
+        /* Prefixes of names the caller keeps for subvolumes of its own
+         * (NULL-terminated, or NULL): a stream that names its subvolume so
+         * is refused. */
+        const char *const *reserved_prefixes;
         image_progress_cb progress;
         void *userdata;
         /* What a failed receive leaves is deleted, and a reaper started in

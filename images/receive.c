@@ -208,6 +208,11 @@ static int check_image_name(Receiver *rc, const StreamCommand *c, const char *na
         if (!store_name_is_valid(name) || startswith(name, IMAGE_RECEIVING_PREFIX))
                 return image_error_at(rc->error, -EINVAL, c->offset, "'%s' is not a valid image name%s",
                                       name, rc->opts->name ? "" : "; give the image a name of its own");
+        for (const char *const *p = rc->opts->reserved_prefixes; p && *p; p++)
+                if (startswith(name, *p))
+                        return image_error_at(rc->error, -EINVAL, c->offset, "'%s' is not a name for an image: "
+                                              "names starting with '%s' are kept for others; give the image "
+                                              "a name of its own", name, *p);
         r = store_subvolume_show(rc->store, name, &info);
         store_subvolume_info_clear(&info);
         if (r >= 0)

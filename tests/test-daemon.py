@@ -24,6 +24,7 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cowbox_test as t  # noqa: E402
 import daemon_test as d  # noqa: E402
+import stream_test as st  # noqa: E402
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'fuzz-corpus')
 MANY_SUBVOLUMES = 150
@@ -123,6 +124,17 @@ def check_jobs_and_objects(bus, store):
         # The increment, through the cowbox client and a file descriptor.
         d.cowbox(bus, 'image', 'receive', '-f', os.path.join(CORPUS, 'btrfs-v1-incremental'), 'base-v2')
         t.check_equal(d.names(bus), ['base', 'base-v2'], 'subvolumes after the increment')
+
+        # A stream names its image itself, but never as a workspace, a
+        # checkpoint or a sandbox does.
+        for reserved in ('workspace-dev@planted', 'sbx-planted'):
+            path = os.path.join(store.tmp, 'reserved.stream')
+            with open(path, 'wb') as f:
+                f.write(st.simple_stream(reserved, body=[st.command('mkfile', ('path', 'f'), ('ino', 257))]))
+            r = d.cowbox(bus, 'image', 'receive', '-f', path, expect=1)
+            t.check('kept for others' in r.err and reserved in r.err,
+                    f'a stream that names its image {reserved}:\n{r.err}')
+        t.check_equal(d.names(bus), ['base', 'base-v2'], 'subvolumes after streams with reserved names')
 
         # A received image made writable is no longer its sender's: it
         # keeps no received UUID to take increments meant for the original.
