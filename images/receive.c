@@ -48,9 +48,10 @@ typedef struct CloneSource {
  * UUID once the whole input has checked out: until then no other receive
  * finds it, for its input may still be refused. */
 typedef struct PendingImage {
-        char temp[64];          /* empty once named */
+        char temp[64];
         uint8_t uuid[16];
         uint64_t ctransid;
+        bool named;
 } PendingImage;
 
 typedef struct Receiver {
@@ -230,7 +231,7 @@ static int check_image_name(Receiver *rc, const StreamCommand *c, const char *na
 /* The temporary name of an image this input made, if it has that UUID. */
 static const char *pending_image(const Receiver *rc, const uint8_t uuid[16]) {
         for (size_t i = 0; i < rc->n_names; i++)
-                if (rc->pending[i].temp[0] && memcmp(rc->pending[i].uuid, uuid, 16) == 0)
+                if (!rc->pending[i].named && memcmp(rc->pending[i].uuid, uuid, 16) == 0)
                         return rc->pending[i].temp;
         return NULL;
 }
@@ -334,46 +335,56 @@ static int finish_subvolume(Receiver *rc, const StreamCommand *c) {
                 return -ENOMEM;
         rc->pending = pending;
         pending = &rc->pending[rc->n_names];
+        *pending = (PendingImage) { .ctransid = rc->ctransid };
         memcpy(pending->temp, rc->temp_name, sizeof pending->temp);
         memcpy(pending->uuid, rc->uuid, sizeof pending->uuid);
-        pending->ctransid = rc->ctransid;
         rc->names[rc->n_names++] = TAKE_PTR(rc->name);
         rc->names[rc->n_names] = NULL;
         rc->temp_name[0] = 0;
         return 0;
 }
 
-/* The whole input checked out: the images take their names. */
-static int name_images(Receiver *rc) {
+static int name_image(Receiver *rc, size_t i) {
+        char uuid[37];
         int r;
 
-        for (size_t i = 0; i < rc->n_names; i++) {
-                char uuid[37];
-
-                if (!rc->pending[i].temp[0])
-                        continue;
-                uuid_format(rc->pending[i].uuid, uuid);
-                r = store_subvolume_set_received(rc->store, rc->pending[i].temp, uuid, rc->pending[i].ctransid);
-                if (r < 0)
-                        return image_error(rc->error, r, "cannot complete the image '%s': %s", rc->names[i],
-                                           strerror(-r));
-                r = store_subvolume_rename(rc->store, rc->pending[i].temp, rc->names[i]);
-                if (r == -EEXIST)
-                        return image_error(rc->error, r, "an image named '%s' appeared while this one was "
-                                           "received", rc->names[i]);
-                if (r < 0)
-                        return image_error(rc->error, r, "cannot name the image '%s': %s", rc->names[i],
-                                           strerror(-r));
-                rc->pending[i].temp[0] = 0;
-        }
+        uuid_format(rc->pending[i].uuid, uuid);
+        r = store_subvolume_set_received(rc->store, rc->pending[i].temp, uuid, rc->pending[i].ctransid);
+        if (r < 0)
+                return image_error(rc->error, r, "cannot complete the image '%s': %s", rc->names[i],
+                                   strerror(-r));
+        r = store_subvolume_rename(rc->store, rc->pending[i].temp, rc->names[i]);
+        if (r == -EEXIST)
+                return image_error(rc->error, r, "an image named '%s' appeared while this one was "
+                                   "received", rc->names[i]);
+        if (r < 0)
+                return image_error(rc->error, r, "cannot name the image '%s': %s", rc->names[i],
+                                   strerror(-r));
+        rc->pending[i].named = true;
         return 0;
+}
+
+/* The whole input checked out: the images take their names. When one
+ * cannot, those named already take their temporary names back, to be
+ * deleted with the rest: all or nothing. */
+static int name_images(Receiver *rc) {
+        int r = 0;
+
+        for (size_t i = 0; r >= 0 && i < rc->n_names; i++)
+                r = name_image(rc, i);
+        if (r < 0)
+                for (size_t i = 0; i < rc->n_names; i++)
+                        if (rc->pending[i].named &&
+                            store_subvolume_rename(rc->store, rc->names[i], rc->pending[i].temp) >= 0)
+                                rc->pending[i].named = false;
+        return r;
 }
 
 static void abandon_pending(Receiver *rc) {
         bool deleted = false;
 
         for (size_t i = 0; i < rc->n_names; i++)
-                if (rc->pending[i].temp[0] && store_subvolume_delete(rc->store, rc->pending[i].temp, NULL) >= 0)
+                if (!rc->pending[i].named && store_subvolume_delete(rc->store, rc->pending[i].temp, NULL) >= 0)
                         deleted = true;
         if (deleted && !rc->opts->no_background_reap)
                 (void) store_reap_in_background(rc->store);

@@ -343,6 +343,37 @@ def check_unfinished_image_unseen(store, tmp):
     t.check_equal(store.names(), before, 'subvolumes after both receives')
 
 
+def check_names_all_or_nothing(store, tmp):
+    """An input of two images whose second name is taken by another while
+    it is received: the receive fails, and the first image, named already,
+    is not left behind either."""
+    first = simple_stream('pair-a', uuid=b'\xe5' * 16, body=[mkfile('f')])
+    second = simple_stream('pair-b', uuid=b'\xf6' * 16, body=[mkfile('g')])
+    end = len(command('end'))
+    before = store.names()
+    receiver = subprocess.Popen([t.tool(), '--store', store.path, 'receive'], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        receiver.stdin.write(first + second[:-end])
+        receiver.stdin.flush()
+        deadline = time.monotonic() + 60
+        while len([s for s in store.list() if s['name'].startswith('.receiving-')]) < 2:
+            t.check(time.monotonic() < deadline, 'the second image of the input was never begun')
+            time.sleep(0.05)
+        store.create('pair-b')
+        receiver.stdin.write(second[-end:])
+        receiver.stdin.close()
+        err = receiver.stderr.read().decode(errors='replace')
+        t.check_equal(receiver.wait(60), 1, f'the receive whose second name was taken: {err}')
+        t.check("'pair-b' appeared" in err, f'the error of the receive whose second name was taken:\n{err}')
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
+    t.check_equal(store.names(), sorted(before + ['pair-b']), 'subvolumes after the receive')
+    store.run('subvolume', 'delete', 'pair-b')
+
+
 def check_every_command(store, tmp):
     stream, expect_f, expect_g, expect_z, t0 = every_command_stream()
     path = os.path.join(tmp, 'every')
@@ -395,6 +426,7 @@ def run():
             check_huge_sparse_ranges(store, tmp)
             check_increment_in_one_input(store, tmp)
         check_unfinished_image_unseen(store, tmp)
+        check_names_all_or_nothing(store, tmp)
         r = store.run('receive', '-f', path, expect=1)
         t.check('exists already' in r.err, f'receiving the same image twice:\n{r.describe()}')
         store.reap()
