@@ -236,6 +236,22 @@ static const char *pending_image(const Receiver *rc, const uint8_t uuid[16]) {
         return NULL;
 }
 
+/* The image with that UUID (the one it was received with, or else its
+ * own). One still being received, by another receive or by one that died,
+ * is not there yet: its input may still be refused. */
+static int find_image(Receiver *rc, const uint8_t uuid[16], StoreSubvolumeInfo *ret) {
+        char text[37];
+        int r;
+
+        uuid_format(uuid, text);
+        r = store_subvolume_find_uuid(rc->store, text, ret);
+        if (r >= 0 && startswith(ret->name, IMAGE_RECEIVING_PREFIX)) {
+                store_subvolume_info_clear(ret);
+                return -ENOENT;
+        }
+        return r;
+}
+
 static int begin_subvolume(Receiver *rc, const StreamCommand *c) {
         static unsigned counter;
         const char *name = rc->opts->name ? rc->opts->name : c->path;
@@ -267,7 +283,7 @@ static int begin_subvolume(Receiver *rc, const StreamCommand *c) {
                 StoreSubvolumeInfo parent = {};
 
                 uuid_format(c->clone_uuid, uuid);
-                r = store_subvolume_find_uuid(rc->store, uuid, &parent);
+                r = find_image(rc, c->clone_uuid, &parent);
                 if (r == -ENOENT)
                         return image_error_at(rc->error, r, c->offset, "the stream is an increment on an image "
                                               "with UUID %s, which is not in this store: receive that image "
@@ -596,7 +612,7 @@ static Volume *clone_source(Receiver *rc, const StreamCommand *c, int *ret_error
                 if (!info.name)
                         r = -ENOMEM;
         } else
-                r = store_subvolume_find_uuid(rc->store, uuid, &info);
+                r = find_image(rc, c->clone_uuid, &info);
         if (r == -ENOENT)
                 r = image_error_at(rc->error, r, c->offset, "clone '%s': its source, the subvolume with UUID %s, "
                                    "is not in this store", c->path, uuid);

@@ -311,7 +311,8 @@ def check_increment_in_one_input(store, tmp):
 
 def check_unfinished_image_unseen(store, tmp):
     """An image whose input is still being read is not yet there for others:
-    an increment on it is refused, and nothing is left once its input turns
+    an increment on it, or a clone from it, is refused (named by its
+    received UUID or by its own), and nothing is left once its input turns
     out bad."""
     half = b'\xc3' * 16
     full = simple_stream('half', uuid=half, body=[mkfile('f')])
@@ -325,13 +326,22 @@ def check_unfinished_image_unseen(store, tmp):
         while not any(s['name'].startswith('.receiving-') and s['readonly'] for s in store.list()):
             t.check(time.monotonic() < deadline, 'the first image of the input was never complete')
             time.sleep(0.05)
-        inc = (header() + command('snapshot', ('path', 'on-half'), ('uuid', b'\xd4' * 16), ('ctransid', 8),
-                                  ('clone_uuid', half), ('clone_ctransid', 7)) + command('end'))
-        path = os.path.join(tmp, 'on-half')
-        with open(path, 'wb') as f:
-            f.write(inc)
-        r = store.run('receive', '-f', path, expect=1)
-        t.check('not in this store' in r.err, f'an increment on an image still being received:\n{r.describe()}')
+        # Named by the UUID the stream gave it, or by the one the store
+        # gave it (which a stream sent from the store would name).
+        own = [s['uuid'] for s in store.list() if s['name'].startswith('.receiving-')][0]
+        for parent in (half, uuid.UUID(own).bytes):
+            inc = (header() + command('snapshot', ('path', 'on-half'), ('uuid', b'\xd4' * 16), ('ctransid', 8),
+                                      ('clone_uuid', parent), ('clone_ctransid', 7)) + command('end'))
+            clone = simple_stream('clone-half', uuid=b'\xd5' * 16, body=[mkfile('g'), command(
+                'clone', ('file_offset', 0), ('clone_len', 0), ('path', 'g'), ('clone_uuid', parent),
+                ('clone_ctransid', 7), ('clone_path', 'f'), ('clone_offset', 0))])
+            for label, stream in (('an increment on', inc), ('a clone from', clone)):
+                path = os.path.join(tmp, 'on-half')
+                with open(path, 'wb') as f:
+                    f.write(stream)
+                r = store.run('receive', '-f', path, expect=None)
+                t.check(r.code == 1 and 'not in this store' in r.err,
+                        f'{label} an image still being received:\n{r.describe()}')
         receiver.stdin.write(b'garbage')
         receiver.stdin.close()
         err = receiver.stderr.read().decode(errors='replace')
