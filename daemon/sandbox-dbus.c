@@ -161,8 +161,14 @@ int manager_load_sandboxes(Manager *m, char **ret_error) {
                 b->image = strdup(json_string_value(json_object_get(v, "image")) ?: "");
                 b->command = json_incref(json_object_get(v, "command"));
                 b->options = json_incref(json_object_get(v, "options"));
-                b->result = json_incref(json_object_get(v, "result"));
-                /* Its job died with the daemon that ran it. */
+                /* Its job died with the daemon that ran it. The result
+                 * saved is an earlier run's: that one's exit would be
+                 * read as this one's. */
+                if (state && !streq(state, "running"))
+                        b->result = json_incref(json_object_get(v, "result"));
+                else
+                        b->result = json_pack("{s:i, s:s}", "errno", ECANCELED, "error", "cowboxd stopped while "
+                                              "the task ran, and the task with it");
                 b->state = strdup(state && !streq(state, "running") ? state : "failed");
                 if (!b->name || !b->image || !b->state || !json_is_array(b->command) || !json_is_object(b->options)) {
                         sandbox_free(b);

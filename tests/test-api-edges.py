@@ -3,7 +3,8 @@
 """cowboxd at the edges of its API, on a private system bus: a task's
 output with NULs and cut in the middle of a character, options refused at
 the call rather than inside the job, damaged state files, waiters of one
-caller, the signals of every job, and the cowbox client's usage errors."""
+caller, the signals of every job, a sandbox whose run died with the
+daemon, and the cowbox client's usage errors."""
 
 import json
 import os
@@ -308,6 +309,27 @@ def check_client_usage(bus, daemon):
     d.cowbox(bus, 'sandbox', 'rm', 'orphan')
 
 
+def check_sandbox_run_killed_with_daemon(bus, daemon):
+    """A sandbox whose run died with cowboxd says so after the restart: it
+    does not show the exit of the run before it as this one's."""
+    d.cowbox(bus, 'sandbox', 'create', 'crashed', '--image', 'base', '--workdir', WORKDIR, '--', '/bin/sh', '-c',
+             f'if [ -e {WORKDIR}/ran ]; then sleep 60; fi; touch {WORKDIR}/ran')
+    d.cowbox(bus, 'sandbox', 'start', 'crashed')
+    d.cowbox(bus, 'sandbox', 'wait', 'crashed')
+    d.cowbox(bus, 'sandbox', 'start', 'crashed')
+    time.sleep(1)
+    daemon.kill(signal.SIGKILL)
+    daemon.start()
+    doc = json.loads(d.cowbox(bus, '--json', 'sandbox', 'wait', 'crashed').out)
+    t.check(doc['state'] == 'failed' and 'exit_status' not in doc['result'] and 'cowboxd' in doc['result']['error'],
+            f'a sandbox whose run died with the daemon: {doc}')
+    r = d.cowbox(bus, 'sandbox', 'wait', 'crashed', expect=1)
+    t.check('failed' in r.err, f'cowbox sandbox wait of a run that died with the daemon:\n{r.describe()}')
+    r = d.cowbox(bus, 'sandbox', 'show', 'crashed')
+    t.check('Exit:' not in r.out and 'Error:' in r.out, f'cowbox sandbox show of it:\n{r.out}')
+    d.cowbox(bus, 'sandbox', 'rm', 'crashed')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -335,6 +357,7 @@ def run():
             check_disk_limit(bus, store)
             check_waiters_of_one_caller(bus)
             check_signals(bus)
+            check_sandbox_run_killed_with_daemon(bus, daemon)
             check_client_usage(bus, daemon)
 
 
