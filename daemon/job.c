@@ -398,14 +398,31 @@ static int on_owner_gone(sd_bus_message *message, void *userdata, sd_bus_error *
 }
 
 int job_watch_owner(Job *j, const char *sender) {
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        _cleanup_(sd_bus_message_unrefp) sd_bus_message *reply = NULL;
         _cleanup_free_ char *rule = NULL;
+        int r, has_owner;
 
         if (!sender || sender[0] != ':')
                 return 0;
         if (asprintf(&rule, "type='signal',sender='org.freedesktop.DBus',path='/org/freedesktop/DBus',"
                      "interface='org.freedesktop.DBus',member='NameOwnerChanged',arg0='%s'", sender) < 0)
                 return -ENOMEM;
-        return sd_bus_add_match(j->manager->bus, &j->owner_watch, rule, on_owner_gone, j);
+        r = sd_bus_add_match(j->manager->bus, &j->owner_watch, rule, on_owner_gone, j);
+        if (r < 0)
+                return r;
+        /* A caller that left before the match was in place (one that sent
+         * its call and exited) was announced to no one: ask after it once
+         * the match is in place, or its task would run on without it. */
+        r = sd_bus_call_method(j->manager->bus, "org.freedesktop.DBus", "/org/freedesktop/DBus",
+                               "org.freedesktop.DBus", "NameHasOwner", &error, &reply, "s", sender);
+        if (r >= 0)
+                r = sd_bus_message_read(reply, "b", &has_owner);
+        if (r < 0)
+                return r;
+        if (!has_owner)
+                (void) job_cancel(j);
+        return 0;
 }
 
 int job_cancel(Job *j) {

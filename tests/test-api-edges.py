@@ -3,8 +3,8 @@
 """cowboxd at the edges of its API, on a private system bus: a task's
 output with NULs and cut in the middle of a character, options refused at
 the call rather than inside the job, damaged state files, waiters of one
-caller, the signals of every job, a sandbox whose run died with the
-daemon, and the cowbox client's usage errors."""
+caller, the signals of every job, a task whose caller left at once, a
+sandbox whose run died with the daemon, and the cowbox client's usage errors."""
 
 import json
 import os
@@ -309,6 +309,56 @@ def check_client_usage(bus, daemon):
     d.cowbox(bus, 'sandbox', 'rm', 'orphan')
 
 
+def children(pid):
+    """The PIDs of the processes whose parent is pid."""
+    found = set()
+    for entry in os.listdir('/proc'):
+        if entry.isdigit():
+            try:
+                with open(f'/proc/{entry}/stat') as f:
+                    if int(f.read().rsplit(')', 1)[1].split()[1]) == pid:
+                        found.add(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+def check_caller_gone_at_once(bus, daemon, store):
+    """A RunTask whose caller leaves the bus while the daemon starts its job
+    (before it watches the caller) is cancelled as when the caller leaves
+    later: the task does not run on without its caller. strace holds the
+    daemon in the return of its fork of the job's worker meanwhile."""
+    t.require_program('strace')
+    env = dict(os.environ, **bus.env)
+    log = os.path.join(store.tmp, 'monitor.log')
+    pid = daemon.proc.pid
+    before = children(pid)
+    with open(log, 'w') as out:
+        # Line by line: the test reads the log while gdbus runs.
+        monitor = subprocess.Popen(['stdbuf', '-oL', 'gdbus', 'monitor', '--system', '--dest', 'org.cowbox1'],
+                                   env=env, stdout=out, stderr=subprocess.DEVNULL)
+    tracer = subprocess.Popen(['strace', '-qq', '-o', '/dev/null', '-p', str(pid), '-e', 'trace=clone,clone3',
+                               '-e', 'inject=clone,clone3:delay_exit=2000000'], stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1)
+        caller = subprocess.Popen(['gdbus', 'call', '--system', '--dest', 'org.cowbox1', '--object-path',
+                                   '/org/cowbox1', '--method', 'org.cowbox1.Manager.RunTask', 'base',
+                                   "['/bin/sleep', '60']", json.dumps({'workdir': WORKDIR})], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        d.wait_for('the worker of the task', lambda: children(pid) - before)
+        caller.kill()
+        caller.wait()
+        d.wait_for('the task whose caller left to be cancelled',
+                   lambda: re.search(r"\.JobRemoved \(uint32 \d+, objectpath '[^']*', 'cancelled'", open(log).read()),
+                   timeout=20)
+    finally:
+        tracer.terminate()
+        tracer.wait(30)
+        monitor.terminate()
+        monitor.wait(30)
+    t.check_equal(d.names(bus), ['base'], 'subvolumes after the task whose caller left')
+
+
 def check_sandbox_run_killed_with_daemon(bus, daemon):
     """A sandbox whose run died with cowboxd says so after the restart: it
     does not show the exit of the run before it as this one's."""
@@ -357,6 +407,7 @@ def run():
             check_disk_limit(bus, store)
             check_waiters_of_one_caller(bus)
             check_signals(bus)
+            check_caller_gone_at_once(bus, daemon, store)
             check_sandbox_run_killed_with_daemon(bus, daemon)
             check_client_usage(bus, daemon)
 
