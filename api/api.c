@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api.h"
@@ -42,13 +43,73 @@ int api_job_path(uint32_t id, char **ret) {
         return asprintf(ret, API_JOB_PREFIX "/%" PRIu32, id) < 0 ? -ENOMEM : 0;
 }
 
+int api_utf8_char(const unsigned char *p, size_t n) {
+        unsigned char lo = 0x80, hi = 0xBF;
+        int len;
+
+        if (p[0] < 0x80)
+                return 1;
+        if (p[0] >= 0xC2 && p[0] <= 0xDF)
+                len = 2;
+        else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
+                len = 3;
+                if (p[0] == 0xE0)
+                        lo = 0xA0;      /* overlong */
+                else if (p[0] == 0xED)
+                        hi = 0x9F;      /* surrogates */
+        } else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
+                len = 4;
+                if (p[0] == 0xF0)
+                        lo = 0x90;      /* overlong */
+                else if (p[0] == 0xF4)
+                        hi = 0x8F;      /* past U+10FFFF */
+        } else
+                return -1;
+        for (int i = 1; i < len; i++) {
+                if ((size_t) i >= n || p[i] < (i == 1 ? lo : 0x80) || p[i] > (i == 1 ? hi : 0xBF))
+                        return -i;
+        }
+        return len;
+}
+
+json_t *api_json_stringn_lossy(const char *s, size_t n) {
+        _cleanup_free_ char *text = NULL;
+        size_t k = 0;
+
+        if (n > (SIZE_MAX - 1) / 3)
+                return NULL;
+        text = malloc(n * 3 + 1);
+        if (!text)
+                return NULL;
+        for (size_t i = 0; i < n;) {
+                int len = api_utf8_char((const unsigned char *) s + i, n - i);
+
+                if (len > 0) {
+                        memcpy(text + k, s + i, (size_t) len);
+                        k += (size_t) len;
+                        i += (size_t) len;
+                } else {
+                        memcpy(text + k, "\xEF\xBF\xBD", 3);
+                        k += 3;
+                        i += (size_t) -len;
+                }
+        }
+        return json_stringn(text, k);
+}
+
+json_t *api_json_string_lossy(const char *s) {
+        return api_json_stringn_lossy(s, strlen(s));
+}
+
 static json_t *json_u64(uint64_t v) {
         return json_integer((json_int_t) MIN(v, (uint64_t) INT64_MAX));
 }
 
 json_t *api_subvolume_to_json(const StoreSubvolumeInfo *info) {
-        return json_pack("{s:s, s:s, s:s, s:s, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:i}",
-                         "name", info->name,
+        /* Names may hold any byte but '/' and control characters: one
+         * that is not UTF-8 must not fail the whole listing. */
+        return json_pack("{s:o, s:s, s:s, s:s, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:i}",
+                         "name", api_json_string_lossy(info->name),
                          "uuid", info->uuid,
                          "parent_uuid", info->parent_uuid,
                          "received_uuid", info->received_uuid,

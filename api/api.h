@@ -59,7 +59,18 @@ int api_subvolume_path(const char *name, char **ret);
 int api_subvolume_name_from_path(const char *path, char **ret);
 int api_job_path(uint32_t id, char **ret);
 
-/* JSON of a subvolume, as GetSubvolume and ListSubvolumes return it:
+/* UTF-8, which D-Bus strings and JSON hold only. The length of the valid
+ * character at p (of n bytes), or minus the length of its invalid part (at
+ * least 1): the lead byte and the continuation bytes that fit it, as
+ * Unicode's best practice counts them. */
+int api_utf8_char(const unsigned char *p, size_t n);
+/* A JSON string of the n bytes at s (or of s), each invalid sequence of
+ * bytes replaced by U+FFFD; NULL only without memory. */
+json_t *api_json_stringn_lossy(const char *s, size_t n);
+json_t *api_json_string_lossy(const char *s);
+
+/* JSON of a subvolume, as GetSubvolume and ListSubvolumes return it (a
+ * name that is not UTF-8 as api_json_string_lossy makes it):
  *   {"name": "base", "uuid": "…", "parent_uuid": "", "received_uuid": "…",
  *    "readonly": true, "created_usec": …, "logical_bytes": …,
  *    "referenced_bytes": …, "exclusive_bytes": …, "inodes": …,

@@ -137,13 +137,20 @@ int manager_check_caller(sd_bus_message *message, sd_bus_error *error) {
 
 int manager_signal_subvolume(Manager *m, const char *name, bool added) {
         _cleanup_free_ char *path = NULL;
+        json_t *text;
         int r;
 
         r = api_subvolume_path(name, &path);
         if (r < 0)
                 return r;
-        return sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE,
-                                  added ? "SubvolumeNew" : "SubvolumeRemoved", "so", name, path);
+        /* A received image's name may not be UTF-8; its path says it. */
+        text = api_json_string_lossy(name);
+        if (!text)
+                return -ENOMEM;
+        r = sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE,
+                               added ? "SubvolumeNew" : "SubvolumeRemoved", "so", json_string_value(text), path);
+        json_decref(text);
+        return r;
 }
 
 void manager_job_finished(Manager *m, Job *j) {

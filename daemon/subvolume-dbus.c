@@ -82,9 +82,13 @@ static int property_get(sd_bus *bus, const char *path, const char *interface, co
         r = store_subvolume_show(m->store, name, &info);
         if (r < 0)
                 return store_error_reply(r, name, error);
-        if (strcmp(property, "Name") == 0)
-                r = sd_bus_message_append(reply, "s", info.name);
-        else if (strcmp(property, "UUID") == 0)
+        if (strcmp(property, "Name") == 0) {
+                /* D-Bus strings are UTF-8; names may hold other bytes. */
+                json_t *name_json = api_json_string_lossy(info.name);
+
+                r = name_json ? sd_bus_message_append(reply, "s", json_string_value(name_json)) : -ENOMEM;
+                json_decref(name_json);
+        } else if (strcmp(property, "UUID") == 0)
                 r = sd_bus_message_append(reply, "s", info.uuid);
         else if (strcmp(property, "ReadOnly") == 0)
                 r = sd_bus_message_append(reply, "b", info.readonly);

@@ -54,44 +54,11 @@ static void on_term(int sig) {
         cancelled = 1;
 }
 
-/* The length of the valid UTF-8 character at p (of n bytes), or minus the
- * length of its invalid part (at least 1): the lead byte and the
- * continuation bytes that fit it, as Unicode's best practice counts them. */
-static int utf8_char(const unsigned char *p, size_t n) {
-        unsigned char lo = 0x80, hi = 0xBF;
-        int len;
-
-        if (p[0] < 0x80)
-                return 1;
-        if (p[0] >= 0xC2 && p[0] <= 0xDF)
-                len = 2;
-        else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
-                len = 3;
-                if (p[0] == 0xE0)
-                        lo = 0xA0;      /* overlong */
-                else if (p[0] == 0xED)
-                        hi = 0x9F;      /* surrogates */
-        } else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
-                len = 4;
-                if (p[0] == 0xF0)
-                        lo = 0x90;      /* overlong */
-                else if (p[0] == 0xF4)
-                        hi = 0x8F;      /* past U+10FFFF */
-        } else
-                return -1;
-        for (int i = 1; i < len; i++) {
-                if ((size_t) i >= n || p[i] < (i == 1 ? lo : 0x80) || p[i] > (i == 1 ? hi : 0xBF))
-                        return -i;
-        }
-        return len;
-}
-
 /* The first OUTPUT_MAX bytes of a file, as a JSON string: cut before a
  * character the limit would split, each invalid sequence of bytes (JSON
  * holds only UTF-8) replaced by U+FFFD. */
 static json_t *read_output(int fd) {
-        _cleanup_free_ unsigned char *buf = malloc(OUTPUT_MAX + 1), *text = NULL;
-        size_t k = 0;
+        _cleanup_free_ unsigned char *buf = malloc(OUTPUT_MAX + 1);
         ssize_t n;
 
         if (!buf)
@@ -106,28 +73,12 @@ static json_t *read_output(int fd) {
                         if ((buf[i] & 0xC0) == 0x80)
                                 continue;
                         if (buf[i] >= 0xC2 && buf[i] <= 0xF4 &&
-                            utf8_char(buf + i, (size_t) (n - i)) == -(int) (n - i))
+                            api_utf8_char(buf + i, (size_t) (n - i)) == -(int) (n - i))
                                 n = i;
                         break;
                 }
         }
-        text = malloc((size_t) n * 3 + 1);
-        if (!text)
-                return json_string("");
-        for (ssize_t i = 0; i < n;) {
-                int len = utf8_char(buf + i, (size_t) (n - i));
-
-                if (len > 0) {
-                        memcpy(text + k, buf + i, (size_t) len);
-                        k += (size_t) len;
-                        i += len;
-                } else {
-                        memcpy(text + k, "\xEF\xBF\xBD", 3);
-                        k += 3;
-                        i += -len;
-                }
-        }
-        return json_stringn((const char *) text, k) ?: json_string("");
+        return api_json_stringn_lossy((const char *) buf, (size_t) n) ?: json_string("");
 }
 
 /* The worker's PID is in the name: a worker killed before it removed the

@@ -4,7 +4,7 @@
 output with NULs and cut in the middle of a character, options refused at
 the call rather than inside the job, damaged state files, waiters of one
 caller, the signals of every job, a task whose caller left at once, a
-sandbox whose run died with the daemon, and the cowbox client's usage errors."""
+name that is not UTF-8, a sandbox whose run died with the daemon, and the cowbox client's usage errors."""
 
 import json
 import os
@@ -359,6 +359,26 @@ def check_caller_gone_at_once(bus, daemon, store):
     t.check_equal(d.names(bus), ['base'], 'subvolumes after the task whose caller left')
 
 
+def check_name_not_utf8(bus, store):
+    """A subvolume whose name is not UTF-8 (cowbox-store and btrfs streams
+    take any bytes but '/' and control characters) is listed with U+FFFD
+    for the bytes D-Bus and JSON cannot carry; the other subvolumes are
+    listed all the same, and its object answers."""
+    name = b'odd-\xff\xc3'.decode('utf-8', 'surrogateescape')
+    store.run('subvolume', 'create', name)
+    try:
+        listed = d.names(bus)
+        t.check('odd-\ufffd\ufffd' in listed and 'base' in listed,
+                f'cowbox list with a name that is not UTF-8: {listed}')
+        images = json.loads(d.cowbox(bus, '--json', 'image', 'list').out)
+        t.check([i['name'] for i in images] == ['base'], f'cowbox image list beside it: {images}')
+        r = d.gdbus_call(bus, 'GetManagedObjects', interface='org.freedesktop.DBus.ObjectManager')
+        t.check("'Name': <'odd-\ufffd\ufffd'>" in r.out and "'Name': <'base'>" in r.out,
+                f'GetManagedObjects with a name that is not UTF-8: {r.out[:2000]}')
+    finally:
+        store.run('subvolume', 'delete', name)
+
+
 def check_sandbox_run_killed_with_daemon(bus, daemon):
     """A sandbox whose run died with cowboxd says so after the restart: it
     does not show the exit of the run before it as this one's."""
@@ -408,6 +428,7 @@ def run():
             check_waiters_of_one_caller(bus)
             check_signals(bus)
             check_caller_gone_at_once(bus, daemon, store)
+            check_name_not_utf8(bus, store)
             check_sandbox_run_killed_with_daemon(bus, daemon)
             check_client_usage(bus, daemon)
 
