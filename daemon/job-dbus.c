@@ -102,8 +102,12 @@ int job_send_new(Job *j) {
         r = api_job_path(j->id, &path);
         if (r < 0)
                 return r;
-        return sd_bus_emit_signal(j->manager->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "JobNew", "uo", j->id,
-                                  path);
+        r = sd_bus_emit_signal(j->manager->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "JobNew", "uo", j->id,
+                               path);
+        if (r < 0)
+                return r;
+        /* The object manager's clients learn of objects only from these. */
+        return sd_bus_emit_interfaces_added(j->manager->bus, path, API_JOB_INTERFACE, NULL);
 }
 
 int job_send_removed(Job *j) {
@@ -124,8 +128,11 @@ int job_send_removed(Job *j) {
         }
         if (!json)
                 return -ENOMEM;
-        return sd_bus_emit_signal(j->manager->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "JobRemoved", "uoss",
-                                  j->id, path, job_state_to_string(j->state), json);
+        r = sd_bus_emit_signal(j->manager->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "JobRemoved", "uoss",
+                               j->id, path, job_state_to_string(j->state), json);
+        if (r < 0)
+                return r;
+        return sd_bus_emit_interfaces_removed(j->manager->bus, path, API_JOB_INTERFACE, NULL);
 }
 
 const sd_bus_vtable job_vtable[] = {

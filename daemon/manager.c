@@ -150,7 +150,11 @@ int manager_signal_subvolume(Manager *m, const char *name, bool added) {
         r = sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE,
                                added ? "SubvolumeNew" : "SubvolumeRemoved", "so", json_string_value(text), path);
         json_decref(text);
-        return r;
+        if (r < 0)
+                return r;
+        /* The object manager's clients learn of objects only from these. */
+        return added ? sd_bus_emit_interfaces_added(m->bus, path, API_SUBVOLUME_INTERFACE, NULL)
+                     : sd_bus_emit_interfaces_removed(m->bus, path, API_SUBVOLUME_INTERFACE, NULL);
 }
 
 void manager_job_finished(Manager *m, Job *j) {

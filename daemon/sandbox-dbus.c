@@ -245,6 +245,19 @@ static void unlist(Manager *m, Sandbox *b) {
         sandbox_free(b);
 }
 
+/* InterfacesAdded or InterfacesRemoved of a sandbox's object: the object
+ * manager's clients learn of objects only from these. */
+static void signal_sandbox(Manager *m, const char *name, bool added) {
+        _cleanup_free_ char *path = NULL;
+
+        if (sd_bus_path_encode(API_SANDBOX_PREFIX, name, &path) < 0)
+                return;
+        if (added)
+                (void) sd_bus_emit_interfaces_added(m->bus, path, API_SANDBOX_INTERFACE, NULL);
+        else
+                (void) sd_bus_emit_interfaces_removed(m->bus, path, API_SANDBOX_INTERFACE, NULL);
+}
+
 int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         _cleanup_json_ json_t *opts = NULL, *doc = NULL;
         _cleanup_free_ char *snapshot = NULL;
@@ -320,6 +333,7 @@ int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error 
         }
         if (r >= 0) {
                 (void) manager_signal_subvolume(m, snapshot, true);
+                signal_sandbox(m, name, true);
                 doc = sandbox_to_json(b);
                 r = api_reply_json(message, doc);
         }
@@ -433,6 +447,7 @@ static void sandbox_remove(Manager *m, Sandbox *b) {
 
         if (asprintf(&snapshot, SANDBOX_PREFIX "%s", b->name) >= 0)
                 (void) manager_signal_subvolume(m, snapshot, false);
+        signal_sandbox(m, b->name, false);
         for (Sandbox **p = &m->sandboxes; *p; p = &(*p)->next)
                 if (*p == b) {
                         *p = b->next;

@@ -4,7 +4,8 @@
 output with NULs and cut in the middle of a character, options refused at
 the call rather than inside the job, damaged state files, waiters of one
 caller, the signals of every job, a task whose caller left at once, a
-name that is not UTF-8, a sandbox whose run died with the daemon, and the cowbox client's usage errors."""
+name that is not UTF-8, the object manager's signals, a sandbox whose run
+died with the daemon, and the cowbox client's usage errors."""
 
 import json
 import os
@@ -379,6 +380,58 @@ def check_name_not_utf8(bus, store):
         store.run('subvolume', 'delete', name)
 
 
+def managed_objects(bus):
+    """The object paths GetManagedObjects names."""
+    out = d.gdbus_call(bus, 'GetManagedObjects', interface='org.freedesktop.DBus.ObjectManager').out
+    # GVariant's text names the type of the first key only.
+    return set(re.findall(r"(?:objectpath )?'(/org/cowbox1/[^']*)': \{", out))
+
+
+def check_object_manager_signals(bus, store):
+    """The object manager announces every object that comes and goes
+    (subvolumes, jobs, sandboxes) with InterfacesAdded and
+    InterfacesRemoved: a client that follows them from GetManagedObjects
+    knows the objects that GetManagedObjects names later."""
+    d.wait_for('the jobs before to end', lambda: json.loads(d.cowbox(bus, '--json', 'jobs').out) == [])
+    env = dict(os.environ, **bus.env)
+    log = os.path.join(store.tmp, 'object-manager.log')
+    with open(log, 'w') as out:
+        monitor = subprocess.Popen(['stdbuf', '-oL', 'gdbus', 'monitor', '--system', '--dest', 'org.cowbox1'],
+                                   env=env, stdout=out, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1)
+        known = managed_objects(bus)
+        d.gdbus_call(bus, 'CreateSubvolume', 'om-1')
+        d.gdbus_call(bus, 'Rename', 'om-1', 'om-2')
+        d.cowbox(bus, 'snapshot', 'om-2', 'om-3')
+        d.cowbox(bus, 'rm', 'om-2')
+        d.cowbox(bus, 'sandbox', 'create', 'om', '--image', 'base', '--workdir', WORKDIR, '--', '/bin/true')
+        d.cowbox(bus, 'sandbox', 'start', 'om')
+        d.cowbox(bus, 'sandbox', 'wait', 'om')
+        d.cowbox(bus, 'sandbox', 'rm', 'om')
+        d.wait_for('the jobs to end', lambda: json.loads(d.cowbox(bus, '--json', 'jobs').out) == [])
+        time.sleep(1)
+    finally:
+        monitor.terminate()
+        monitor.wait(30)
+    added, removed = set(), set()
+    for kind, path in re.findall(r"\.Interfaces(Added|Removed) \(objectpath '([^']*)'", open(log).read()):
+        if kind == 'Added':
+            known.add(path)
+            added.add(path)
+        else:
+            known.discard(path)
+            removed.add(path)
+    prefix = '/org/cowbox1/'
+    for path in ('subvolume/om_2d1', 'subvolume/om_2d2', 'subvolume/sbx_2dom', 'sandbox/om'):
+        t.check(prefix + path in added and prefix + path in removed,
+                f'InterfacesAdded and InterfacesRemoved of {path}: added {added}, removed {removed}')
+    t.check(prefix + 'subvolume/om_2d3' in added, f'InterfacesAdded of a snapshot: {added}')
+    t.check(any(p.startswith(prefix + 'job/') for p in added & removed), f'the signals of a job: {added}, {removed}')
+    t.check_equal(known, managed_objects(bus), 'the objects known from the signals')
+    d.cowbox(bus, 'rm', 'om-3')
+
+
 def check_sandbox_run_killed_with_daemon(bus, daemon):
     """A sandbox whose run died with cowboxd says so after the restart: it
     does not show the exit of the run before it as this one's."""
@@ -429,6 +482,7 @@ def run():
             check_signals(bus)
             check_caller_gone_at_once(bus, daemon, store)
             check_name_not_utf8(bus, store)
+            check_object_manager_signals(bus, store)
             check_sandbox_run_killed_with_daemon(bus, daemon)
             check_client_usage(bus, daemon)
 
