@@ -72,33 +72,52 @@ int api_utf8_char(const unsigned char *p, size_t n) {
         return len;
 }
 
+/* Writes the n bytes at s to out (room for 3 * n bytes), each invalid
+ * sequence replaced by U+FFFD; returns the length written. */
+static size_t utf8_lossy(const char *s, size_t n, char *out) {
+        size_t k = 0;
+
+        for (size_t i = 0; i < n;) {
+                int len = api_utf8_char((const unsigned char *) s + i, n - i);
+
+                if (len > 0) {
+                        memcpy(out + k, s + i, (size_t) len);
+                        k += (size_t) len;
+                        i += (size_t) len;
+                } else {
+                        memcpy(out + k, "\xEF\xBF\xBD", 3);
+                        k += 3;
+                        i += (size_t) -len;
+                }
+        }
+        return k;
+}
+
 json_t *api_json_stringn_lossy(const char *s, size_t n) {
         _cleanup_free_ char *text = NULL;
-        size_t k = 0;
 
         if (n > (SIZE_MAX - 1) / 3)
                 return NULL;
         text = malloc(n * 3 + 1);
         if (!text)
                 return NULL;
-        for (size_t i = 0; i < n;) {
-                int len = api_utf8_char((const unsigned char *) s + i, n - i);
-
-                if (len > 0) {
-                        memcpy(text + k, s + i, (size_t) len);
-                        k += (size_t) len;
-                        i += (size_t) len;
-                } else {
-                        memcpy(text + k, "\xEF\xBF\xBD", 3);
-                        k += 3;
-                        i += (size_t) -len;
-                }
-        }
-        return json_stringn(text, k);
+        return json_stringn(text, utf8_lossy(s, n, text));
 }
 
 json_t *api_json_string_lossy(const char *s) {
         return api_json_stringn_lossy(s, strlen(s));
+}
+
+char *api_utf8_lossy(const char *s) {
+        size_t n = strlen(s);
+        char *text;
+
+        if (n > (SIZE_MAX - 1) / 3)
+                return NULL;
+        text = malloc(n * 3 + 1);
+        if (text)
+                text[utf8_lossy(s, n, text)] = 0;
+        return text;
 }
 
 static json_t *json_u64(uint64_t v) {

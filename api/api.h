@@ -68,6 +68,8 @@ int api_utf8_char(const unsigned char *p, size_t n);
  * bytes replaced by U+FFFD; NULL only without memory. */
 json_t *api_json_stringn_lossy(const char *s, size_t n);
 json_t *api_json_string_lossy(const char *s);
+/* The same as a new C string (the caller frees it). */
+char *api_utf8_lossy(const char *s);
 
 /* JSON of a subvolume, as GetSubvolume and ListSubvolumes return it (a
  * name that is not UTF-8 as api_json_string_lossy makes it):

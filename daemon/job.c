@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api.h"
 #include "cleanup.h"
 #include "manager.h"
 #include "time-util.h"
@@ -178,7 +179,9 @@ static void job_parse_line(Job *j, char *line) {
 
                 j->error = e > 0 && e < 4096 ? (int) -e : -EIO;
                 free(j->error_text);
-                j->error_text = strdup(text && *text == ' ' ? text + 1 : "the job failed");
+                /* It goes out in JobRemoved's JSON: a message that quotes
+                 * a stream's path may hold bytes that are not UTF-8. */
+                j->error_text = api_utf8_lossy(text && *text == ' ' ? text + 1 : "the job failed");
         }
 }
 

@@ -656,10 +656,13 @@ typedef struct ScrubJob {
 static void scrub_damage(const StoreDamage *d, void *userdata) {
         ScrubJob *job = userdata;
 
+        /* Names and paths may hold bytes that are not UTF-8: each damaged
+         * file is listed all the same. */
         if (json_array_size(job->damage) < 1000)
-                json_array_append_new(job->damage, json_pack("{s:s, s:s, s:s?, s:s?}", "digest", d->digest,
-                                                             "reason", d->reason, "subvolume", d->subvolume,
-                                                             "path", d->path));
+                json_array_append_new(job->damage,
+                                      json_pack("{s:s, s:s, s:o?, s:o?}", "digest", d->digest, "reason", d->reason,
+                                                "subvolume", d->subvolume ? api_json_string_lossy(d->subvolume) : NULL,
+                                                "path", d->path ? api_json_string_lossy(d->path) : NULL));
 }
 
 static json_t *scrub_work(Store *s, void *userdata, int *ret_error, char **ret_error_text,

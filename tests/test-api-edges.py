@@ -4,9 +4,10 @@
 output with NULs and cut in the middle of a character, options refused at
 the call rather than inside the job, damaged state files, waiters of one
 caller, the signals of every job, a task whose caller left at once, a
-name that is not UTF-8, the object manager's signals, a sandbox whose run
-died with the daemon, and the cowbox client's usage errors."""
+name that is not UTF-8, the object manager's signals, jobs whose error or
+result quotes such a name, a sandbox whose run died with the daemon, and the cowbox client's usage errors."""
 
+import glob
 import json
 import os
 import re
@@ -22,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cowbox_test as t  # noqa: E402
 from cowbox_test import MiB  # noqa: E402
 import daemon_test as d  # noqa: E402
+import stream_test as st  # noqa: E402
 
 WORKDIR = '/tmp/w'      # under the task's private /tmp
 
@@ -432,6 +434,40 @@ def check_object_manager_signals(bus, store):
     d.cowbox(bus, 'rm', 'om-3')
 
 
+def check_job_text_not_utf8(bus, store):
+    """A job's error and result may quote paths whose bytes are not UTF-8:
+    the job still ends with JobRemoved (a receive refused for such a path
+    is reported, not waited for forever), and scrub lists a damaged file
+    of such a name."""
+    stream = os.path.join(store.tmp, 'odd-path.stream')
+    with open(stream, 'wb') as f:
+        f.write(st.simple_stream(name='odd-path', body=[st.command('mkfile', ('path', b'/x\xff'))]))
+    r = d.run(bus, [d.client_exe(), 'image', 'receive', '-f', stream], expect=1, timeout=60)
+    t.check("mkfile '/x\ufffd': absolute paths are refused" in r.err, f'a receive refused for such a path:\n{r.err}')
+
+    d.cowbox(bus, 'snapshot', 'base', 'scrubbed')
+    data = os.urandom(256 * 1024)
+    with store.mount('scrubbed') as m:
+        with open(os.path.join(os.fsencode(m.path), b'odd-\xff'), 'wb') as f:
+            f.write(data)
+    needle = data[65536 + 4096:65536 + 4160]
+    for pack in glob.glob(os.path.join(store.path, 'packs', '*.pack')):
+        with open(pack, 'r+b') as f:
+            at = f.read().find(needle)
+            if at >= 0:
+                f.seek(at + 10)
+                byte = f.read(1)[0]
+                f.seek(at + 10)
+                f.write(bytes([byte ^ 0x40]))
+                break
+    else:
+        t.fail('the block to damage is in no pack file')
+    report = json.loads(d.cowbox(bus, '--json', 'scrub', expect=1).out)
+    t.check(report['files_damaged'] == 1 and [x['path'] for x in report['damage']] == ['/odd-\ufffd'],
+            f'the scrub of a damaged file whose name is not UTF-8: {report}')
+    d.cowbox(bus, 'rm', 'scrubbed')
+
+
 def check_sandbox_run_killed_with_daemon(bus, daemon):
     """A sandbox whose run died with cowboxd says so after the restart: it
     does not show the exit of the run before it as this one's."""
@@ -483,6 +519,7 @@ def run():
             check_caller_gone_at_once(bus, daemon, store)
             check_name_not_utf8(bus, store)
             check_object_manager_signals(bus, store)
+            check_job_text_not_utf8(bus, store)
             check_sandbox_run_killed_with_daemon(bus, daemon)
             check_client_usage(bus, daemon)
 
