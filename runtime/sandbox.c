@@ -968,7 +968,10 @@ int sandbox_limit_growth(Store *s, const char *name, uint64_t bytes) {
         r = store_subvolume_show(s, name, &info);
         if (r < 0)
                 return r;
-        quota = info.logical_bytes > UINT64_MAX - bytes ? UINT64_MAX : info.logical_bytes + bytes;
+        /* The store takes quotas up to INT64_MAX bytes, which is no limit
+         * in effect: a growth past it is limited to that. */
+        quota = bytes > (uint64_t) INT64_MAX - MIN(info.logical_bytes, (uint64_t) INT64_MAX) ?
+                (uint64_t) INT64_MAX : info.logical_bytes + bytes;
         if (info.quota_bytes > 0 && info.quota_bytes <= quota)
                 return 0;
         return store_subvolume_set_quota(s, name, quota);

@@ -87,6 +87,19 @@ def check_disk_limit(bus, store):
                   'the quota of a sandbox made with --disk-max 3M')
     d.cowbox(bus, 'sandbox', 'rm', 'limited')
 
+    # A growth past the largest quota the store holds (2^63 - 1) is no
+    # limit in effect, not an error.
+    d.cowbox(bus, 'snapshot', 'base', 'grown')
+    with store.mount('grown') as m:
+        with open(m.p('file'), 'w') as f:
+            f.write('x' * 5000)
+    d.gdbus_call(bus, 'SetReadOnly', 'grown', 'true')
+    d.gdbus_call(bus, 'CreateSandbox', 'unlimited', 'grown', "['/bin/true']", json.dumps({'disk_max': 2**63 - 1}))
+    t.check_equal(store.show('sbx-unlimited')['quota_bytes'], 2**63 - 1,
+                  'the quota of a sandbox whose disk_max is 2^63 - 1')
+    d.cowbox(bus, 'sandbox', 'rm', 'unlimited')
+    d.cowbox(bus, 'rm', 'grown')
+
 
 def refused(bus, method, *args, error='org.cowbox1.Error.InvalidJSON', what=''):
     """A call refused with the error named, a sentence, and no job started."""
