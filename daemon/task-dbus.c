@@ -208,8 +208,10 @@ int task_check(const char *source, char **argv, const char *options, json_t **re
 
         for (; argv && argv[n]; n++)
                 ;
-        if (!store_name_is_valid(source))
-                return sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%.64s' is not a valid name.", source);
+        /* Not an image being received: what it holds is not whole yet. */
+        r = manager_check_name(source, error);
+        if (r < 0)
+                return r;
         if (n == 0 || n > ARGS_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "Give a command of 1 to %d words.",
                                          ARGS_MAX);

@@ -128,6 +128,11 @@ def check_task_options(bus):
         for method, args in (('RunTask', ('base',)), ('CreateSandbox', ('opts', 'base'))):
             r = refused(bus, method, *args, "['/bin/true']", json.dumps(opts), what=f'with {opts}')
             t.check(key in r.err, f'the error of {method} with {opts} names the option: {r.err}')
+    # An image being received is no source: what it holds is not whole yet.
+    refused(bus, 'RunTask', '.receiving-1-0', "['/bin/true']", '{}', error='org.cowbox1.Error.InvalidName',
+            what='of an image being received')
+    refused(bus, 'CreateSandbox', 'partial', '.receiving-1-0', "['/bin/true']", '{}',
+            error='org.cowbox1.Error.InvalidName', what='of an image being received')
     t.check_equal(json.loads(d.cowbox(bus, '--json', 'sandbox', 'list').out), [], 'sandboxes after the refusals')
     report = run_json(bus, '/bin/pwd')
     t.check_equal(report['stdout'], WORKDIR + '\n', 'the working directory of a task by default')
