@@ -429,7 +429,13 @@ int job_watch_owner(Job *j, const char *sender) {
 }
 
 int job_cancel(Job *j) {
+        siginfo_t si = {};
+
         if (j->state != JOB_RUNNING || j->worker <= 0)
+                return -ESRCH;
+        /* A worker that exited has done its work (or failed it): its end,
+         * on its way to on_child(), is what the job did, not a cancel. */
+        if (waitid(P_PID, j->worker, &si, WEXITED | WNOHANG | WNOWAIT) >= 0 && si.si_pid == j->worker)
                 return -ESRCH;
         j->state = JOB_CANCELLED;
         free(j->error_text);

@@ -5,7 +5,8 @@ output with NULs and cut in the middle of a character, options refused at
 the call rather than inside the job, damaged state files, waiters of one
 caller, the signals of every job, a task whose caller left at once, a
 name that is not UTF-8, the object manager's signals, jobs whose error or
-result quotes such a name, a sandbox whose run died with the daemon, and the cowbox client's usage errors."""
+result quotes such a name, a kill that comes after the run ended, a
+sandbox whose run died with the daemon, and the cowbox client's usage errors."""
 
 import glob
 import json
@@ -486,6 +487,40 @@ def check_job_text_not_utf8(bus, store):
     d.cowbox(bus, 'rm', 'scrubbed')
 
 
+def process_state(pid):
+    with open(f'/proc/{pid}/stat') as f:
+        return f.read().rsplit(')', 1)[1].split()[0]
+
+
+def check_kill_after_end(bus, daemon):
+    """A kill (a cancel) that reaches the daemon after the run's worker
+    ended is too late: the run is reported as it ended, not as killed.
+    The daemon is stopped while the worker ends, and the kill is queued
+    for it meanwhile."""
+    env = dict(os.environ, **bus.env)
+    d.cowbox(bus, 'sandbox', 'create', 'late', '--image', 'base', '--workdir', WORKDIR, '--', '/bin/sleep', '2')
+    pid = daemon.proc.pid
+    before = children(pid)
+    d.cowbox(bus, 'sandbox', 'start', 'late')
+    workers = children(pid) - before
+    t.check(len(workers) == 1, f'the worker of the run: {workers}')
+    worker = workers.pop()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        d.wait_for('the worker to end', lambda: process_state(worker) == 'Z')
+        caller = subprocess.Popen([d.client_exe(), 'sandbox', 'kill', 'late'], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        time.sleep(1)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    _, err = caller.communicate(timeout=60)
+    t.check(caller.returncode == 1 and 'not running' in err, f'a kill after the run ended:\n{err}')
+    doc = json.loads(d.cowbox(bus, '--json', 'sandbox', 'wait', 'late').out)
+    t.check(doc['state'] == 'exited' and doc['result']['exit_status'] == 0 and not doc['result']['cancelled'],
+            f'a run that ended before the kill reached the daemon: {doc}')
+    d.cowbox(bus, 'sandbox', 'rm', 'late')
+
+
 def check_sandbox_run_killed_with_daemon(bus, daemon):
     """A sandbox whose run died with cowboxd says so after the restart: it
     does not show the exit of the run before it as this one's."""
@@ -538,6 +573,7 @@ def run():
             check_name_not_utf8(bus, store)
             check_object_manager_signals(bus, store)
             check_job_text_not_utf8(bus, store)
+            check_kill_after_end(bus, daemon)
             check_sandbox_run_killed_with_daemon(bus, daemon)
             check_client_usage(bus, daemon)
 
