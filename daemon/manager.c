@@ -113,7 +113,7 @@ static bool caller_in_group(sd_bus_creds *creds, uid_t uid, gid_t group) {
         return false;
 }
 
-int manager_check_caller(sd_bus_message *message, sd_bus_error *error) {
+int manager_caller_identity(sd_bus_message *message, uid_t *ret_uid, bool *ret_may_change) {
         _cleanup_(sd_bus_creds_unrefp) sd_bus_creds *creds = NULL;
         struct group *gr;
         uid_t uid;
@@ -126,10 +126,21 @@ int manager_check_caller(sd_bus_message *message, sd_bus_error *error) {
         r = sd_bus_creds_get_euid(creds, &uid);
         if (r < 0)
                 return r;
-        if (uid == 0)
-                return 0;
-        gr = getgrnam(API_GROUP);
-        if (gr && caller_in_group(creds, uid, gr->gr_gid))
+        *ret_uid = uid;
+        gr = uid == 0 ? NULL : getgrnam(API_GROUP);
+        *ret_may_change = uid == 0 || (gr && caller_in_group(creds, uid, gr->gr_gid));
+        return 0;
+}
+
+int manager_check_caller(sd_bus_message *message, sd_bus_error *error) {
+        bool may_change;
+        uid_t uid;
+        int r;
+
+        r = manager_caller_identity(message, &uid, &may_change);
+        if (r < 0)
+                return r;
+        if (may_change)
                 return 0;
         return sd_bus_error_setf(error, API_ERROR_ACCESS_DENIED, "Only root and members of the group '%s' may "
                                  "change the store; ask an administrator to add you to it.", API_GROUP);

@@ -117,6 +117,8 @@ int manager_check_new_name(const char *name, sd_bus_error *error);
 /* Checks that the caller may change things: root, or a member of the
  * cowbox group. Sets an AccessDenied error otherwise. */
 int manager_check_caller(sd_bus_message *message, sd_bus_error *error);
+/* The caller's effective UID, and whether it may change things. */
+int manager_caller_identity(sd_bus_message *message, uid_t *ret_uid, bool *ret_may_change);
 
 /* Work shared by the manager's methods and the subvolume objects'. */
 int manager_snapshot(sd_bus_message *message, Manager *m, const char *source, const char *name,

@@ -28,6 +28,10 @@
 #define WAITERS_MAX 64
 /* Of those, one caller's: no caller takes every place. */
 #define WAITERS_PER_CALLER 8
+/* Anyone may wait: those who may not change the store take half the places
+ * together at most, and one user of them one caller's share, so that root
+ * and the group can always wait for their sandboxes. */
+#define WAITERS_UNPRIVILEGED_MAX (WAITERS_MAX / 2)
 /* How long a delete waits for a snapshot's holder to let go. */
 #define DELETE_RETRY_USEC (100 * 1000)
 #define DELETE_RETRIES 100
@@ -37,6 +41,8 @@
 typedef struct SandboxWaiter {
         sd_bus_message *message;
         sd_bus_track *caller;
+        uid_t uid;
+        bool unprivileged;
 } SandboxWaiter;
 
 struct Sandbox {
@@ -390,11 +396,38 @@ static unsigned waiters_of(const Sandbox *b, const char *sender) {
         return n;
 }
 
+/* How many calls of unprivileged callers wait: all, or those of uid. */
+static unsigned unprivileged_waiters(const Sandbox *b, bool of_uid, uid_t uid) {
+        unsigned n = 0;
+
+        for (size_t i = 0; i < b->n_waiters; i++)
+                if (b->waiters[i].unprivileged && (!of_uid || b->waiters[i].uid == uid))
+                        n++;
+        return n;
+}
+
+/* Whether a caller may wait once more; otherwise sets the error. */
+static int check_waiter_limits(const Sandbox *b, const char *sender, uid_t uid, bool unprivileged,
+                               sd_bus_error *error) {
+        if (b->n_waiters == WAITERS_MAX ||
+            (unprivileged && unprivileged_waiters(b, false, 0) >= WAITERS_UNPRIVILEGED_MAX))
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "Too many callers wait for sandbox '%s'.",
+                                         b->name);
+        if (waiters_of(b, sender) >= WAITERS_PER_CALLER ||
+            (unprivileged && unprivileged_waiters(b, true, uid) >= WAITERS_PER_CALLER))
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "You wait for sandbox '%s' %d times already; wait "
+                                         "for the replies first.", b->name, WAITERS_PER_CALLER);
+        return 0;
+}
+
 static int do_wait(sd_bus_message *message, Manager *m, const char *name, sd_bus_error *error) {
+        _cleanup_(sd_bus_error_free) sd_bus_error refusal = SD_BUS_ERROR_NULL;
         _cleanup_json_ json_t *doc = NULL;
         const char *sender = sd_bus_message_get_sender(message);
         SandboxWaiter *w;
         Sandbox *b;
+        bool may_change;
+        uid_t uid;
         int r;
 
         b = find(m, name, error);
@@ -404,13 +437,15 @@ static int do_wait(sd_bus_message *message, Manager *m, const char *name, sd_bus
                 doc = sandbox_to_json(b);
                 return api_reply_json(message, doc);
         }
-        if (b->n_waiters == WAITERS_MAX || waiters_of(b, sender) >= WAITERS_PER_CALLER)
+        r = manager_caller_identity(message, &uid, &may_change);
+        if (r < 0)
+                return r;
+        /* The places of callers that left are given up first. */
+        if (check_waiter_limits(b, sender, uid, !may_change, &refusal) < 0)
                 prune_waiters(b);
-        if (b->n_waiters == WAITERS_MAX)
-                return sd_bus_error_setf(error, API_ERROR_BUSY, "Too many callers wait for sandbox '%s'.", name);
-        if (waiters_of(b, sender) >= WAITERS_PER_CALLER)
-                return sd_bus_error_setf(error, API_ERROR_BUSY, "You wait for sandbox '%s' %d times already; wait "
-                                         "for the replies first.", name, WAITERS_PER_CALLER);
+        r = check_waiter_limits(b, sender, uid, !may_change, error);
+        if (r < 0)
+                return r;
         /* The reply goes when the task ends. */
         w = &b->waiters[b->n_waiters];
         r = sd_bus_track_new(sd_bus_message_get_bus(message), &w->caller, NULL, NULL);
@@ -421,6 +456,8 @@ static int do_wait(sd_bus_message *message, Manager *m, const char *name, sd_bus
                 return r;
         }
         w->message = sd_bus_message_ref(message);
+        w->uid = uid;
+        w->unprivileged = !may_change;
         b->n_waiters++;
         return 1;
 }

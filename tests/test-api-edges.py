@@ -3,10 +3,11 @@
 """cowboxd at the edges of its API, on a private system bus: a task's
 output with NULs and cut in the middle of a character, options refused at
 the call rather than inside the job, damaged state files, waiters of one
-caller, the signals of every job, a task whose caller left at once, a
-name that is not UTF-8, the object manager's signals, jobs whose error or
-result quotes such a name, a kill that comes after the run ended, a
-sandbox whose run died with the daemon, and the cowbox client's usage errors."""
+caller and of one unprivileged user, the signals of every job, a task
+whose caller left at once, a name that is not UTF-8, the object manager's
+signals, jobs whose error or result quotes such a name, a kill that comes
+after the run ended, a sandbox whose run died with the daemon, and the
+cowbox client's usage errors."""
 
 import glob
 import json
@@ -264,6 +265,47 @@ def check_waiters_of_one_caller(bus):
     t.check(b'"state":"killed"' in replies, 'the waits of the raw caller are answered')
     raw.close()
     d.cowbox(bus, 'sandbox', 'rm', 'waited')
+
+
+def check_waiters_of_unprivileged(bus):
+    """Anyone may wait for a sandbox: a user who may not change the store
+    takes one caller's share of the places however many connections they
+    open, and root can still wait."""
+    uid, gid, _ = d.ensure_user('cowbox-test-user')
+    d.cowbox(bus, 'sandbox', 'create', 'watched', '--image', 'base', '--workdir', WORKDIR, '--', '/bin/sleep', '60')
+    d.cowbox(bus, 'sandbox', 'start', 'watched')
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_r)
+            os.close(done_w)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            callers = [RawBus(bus) for _ in range(9)]
+            for raw in callers:
+                for _ in range(8):
+                    raw.call('org.cowbox1', '/org/cowbox1', 'org.cowbox1.Manager', 'WaitSandbox', 'watched')
+            refusals = sum(raw.received(0.5).count(b'org.cowbox1.Error.Busy') for raw in callers)
+            os.write(ready_w, str(refusals).encode())
+            os.read(done_r, 1)
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(done_r)
+    try:
+        refusals = int(os.read(ready_r, 64) or b'-1')
+        t.check_equal(refusals, 64, 'the refusals of 72 waits of one unprivileged user on 9 connections')
+        d.run(bus, ['timeout', '3', d.client_exe(), 'sandbox', 'wait', 'watched'], expect=124)
+    finally:
+        os.close(done_w)
+        os.close(ready_r)
+        os.waitpid(pid, 0)
+    d.cowbox(bus, 'sandbox', 'kill', 'watched')
+    d.cowbox(bus, 'sandbox', 'wait', 'watched', expect=None)
+    d.cowbox(bus, 'sandbox', 'rm', 'watched')
 
 
 def check_signals(bus):
@@ -568,6 +610,7 @@ def run():
             check_task_options(bus)
             check_disk_limit(bus, store)
             check_waiters_of_one_caller(bus)
+            check_waiters_of_unprivileged(bus)
             check_signals(bus)
             check_caller_gone_at_once(bus, daemon, store)
             check_name_not_utf8(bus, store)
