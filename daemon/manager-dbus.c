@@ -422,7 +422,7 @@ static json_t *receive_work(Store *s, void *userdata, int *ret_error, char **ret
         };
         ImageError error = {};
         char **names = NULL;
-        json_t *result, *array;
+        json_t *result, *array, *paths;
         int r;
 
         worker_progress = progress;
@@ -435,11 +435,19 @@ static json_t *receive_work(Store *s, void *userdata, int *ret_error, char **ret
                 *ret_error_text = strdup(error.message);
                 return NULL;
         }
+        /* A stream's names may hold bytes that are not UTF-8: shown with
+         * U+FFFD, and named exactly by their objects' paths. */
         array = json_array();
-        for (char **n = names; n && *n; n++)
-                json_array_append_new(array, json_string(*n));
+        paths = json_array();
+        for (char **n = names; n && *n; n++) {
+                _cleanup_free_ char *path = NULL;
+
+                json_array_append_new(array, api_json_string_lossy(*n));
+                if (api_subvolume_path(*n, &path) >= 0)
+                        json_array_append_new(paths, json_string(path));
+        }
         image_names_free(names);
-        result = json_pack("{s:o}", "images", array);
+        result = json_pack("{s:o, s:o}", "images", array, "paths", paths);
         return result;
 }
 

@@ -176,15 +176,20 @@ void manager_job_finished(Manager *m, Job *j) {
         if (j->type == JOB_RECEIVE && j->state != JOB_DONE)
                 manager_recover(m);
         if (j->type == JOB_RECEIVE && j->state == JOB_DONE && j->result) {
-                json_t *names = json_loads(j->result, JSON_ALLOW_NUL, NULL);
-                json_t *images = json_object_get(names, "images");
+                json_t *doc = json_loads(j->result, JSON_ALLOW_NUL, NULL);
+                json_t *paths = json_object_get(doc, "paths");
                 size_t i;
                 json_t *v;
 
-                json_array_foreach(images, i, v)
-                        if (json_is_string(v))
-                                (void) manager_signal_subvolume(m, json_string_value(v), true);
-                json_decref(names);
+                /* By their paths: a name shown with U+FFFD is not the
+                 * image's own. */
+                json_array_foreach(paths, i, v) {
+                        _cleanup_free_ char *name = NULL;
+
+                        if (json_is_string(v) && api_subvolume_name_from_path(json_string_value(v), &name) > 0)
+                                (void) manager_signal_subvolume(m, name, true);
+                }
+                json_decref(doc);
         }
 }
 

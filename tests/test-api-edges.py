@@ -427,7 +427,8 @@ def check_name_not_utf8(bus, store):
     """A subvolume whose name is not UTF-8 (cowbox-store and btrfs streams
     take any bytes but '/' and control characters) is listed with U+FFFD
     for the bytes D-Bus and JSON cannot carry; the other subvolumes are
-    listed all the same, and its object answers."""
+    listed all the same, and its object answers. A receive of one says
+    what it received."""
     name = b'odd-\xff\xc3'.decode('utf-8', 'surrogateescape')
     store.run('subvolume', 'create', name)
     try:
@@ -441,6 +442,28 @@ def check_name_not_utf8(bus, store):
                 f'GetManagedObjects with a name that is not UTF-8: {r.out[:2000]}')
     finally:
         store.run('subvolume', 'delete', name)
+
+    # One received: its result names it so, and its object by its path,
+    # which SubvolumeNew gives too.
+    stream = os.path.join(store.tmp, 'odd-name.stream')
+    with open(stream, 'wb') as f:
+        f.write(st.simple_stream(name=b'img-\xff', uuid=b'\x33' * 16))
+    env = dict(os.environ, **bus.env)
+    log = os.path.join(store.tmp, 'odd-name.log')
+    with open(log, 'w') as out:
+        monitor = subprocess.Popen(['stdbuf', '-oL', 'gdbus', 'monitor', '--system', '--dest', 'org.cowbox1'],
+                                   env=env, stdout=out, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1)
+        result = json.loads(d.cowbox(bus, '--json', 'image', 'receive', '-f', stream).out)
+        t.check_equal(result, {'images': ['img-\ufffd'], 'paths': ['/org/cowbox1/subvolume/img_2d_ff']},
+                      'the result of receiving an image whose name is not UTF-8')
+        d.wait_for('SubvolumeNew of it', lambda: "('img-\ufffd', objectpath '/org/cowbox1/subvolume/img_2d_ff')"
+                   in open(log).read())
+    finally:
+        monitor.terminate()
+        monitor.wait(30)
+        store.run('subvolume', 'delete', b'img-\xff'.decode('utf-8', 'surrogateescape'))
 
 
 def managed_objects(bus):
