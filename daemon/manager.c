@@ -13,6 +13,7 @@
 #include "images.h"
 #include "manager.h"
 #include "runtime.h"
+#include "string-util.h"
 
 int manager_new(const char *store_path, Manager **ret) {
         Manager *m;
@@ -168,9 +169,29 @@ int manager_signal_subvolume(Manager *m, const char *name, bool added) {
                      : sd_bus_emit_interfaces_removed(m->bus, path, API_SUBVOLUME_INTERFACE, NULL);
 }
 
+/* A task's snapshot kept (RunTask's "keep") is a new subvolume; a
+ * sandbox's own was announced when the sandbox was made. */
+static void signal_kept_snapshot(Manager *m, Job *j) {
+        StoreSubvolumeInfo info = {};
+        json_t *doc;
+        const char *name;
+
+        if (j->state != JOB_DONE || !j->result)
+                return;
+        doc = json_loads(j->result, JSON_ALLOW_NUL, NULL);
+        name = json_string_value(json_object_get(doc, "snapshot"));
+        if (name && !startswith(name, SANDBOX_PREFIX) && store_subvolume_show(m->store, name, &info) >= 0) {
+                store_subvolume_info_clear(&info);
+                (void) manager_signal_subvolume(m, name, true);
+        }
+        json_decref(doc);
+}
+
 void manager_job_finished(Manager *m, Job *j) {
-        if (j->type == JOB_RUN)
+        if (j->type == JOB_RUN) {
                 manager_sandbox_job_finished(m, j);
+                signal_kept_snapshot(m, j);
+        }
         /* A worker that died in the middle of a receive leaves a
          * half-received image behind; a scrub or a reap nothing. */
         if (j->type == JOB_RECEIVE && j->state != JOB_DONE)

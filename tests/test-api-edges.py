@@ -475,9 +475,10 @@ def managed_objects(bus):
 
 def check_object_manager_signals(bus, store):
     """The object manager announces every object that comes and goes
-    (subvolumes, jobs, sandboxes) with InterfacesAdded and
-    InterfacesRemoved: a client that follows them from GetManagedObjects
-    knows the objects that GetManagedObjects names later."""
+    (subvolumes, a task's snapshot it keeps too, jobs, sandboxes) with
+    InterfacesAdded and InterfacesRemoved: a client that follows them from
+    GetManagedObjects knows the objects that GetManagedObjects names
+    later."""
     d.wait_for('the jobs before to end', lambda: json.loads(d.cowbox(bus, '--json', 'jobs').out) == [])
     env = dict(os.environ, **bus.env)
     log = os.path.join(store.tmp, 'object-manager.log')
@@ -495,6 +496,7 @@ def check_object_manager_signals(bus, store):
         d.cowbox(bus, 'sandbox', 'start', 'om')
         d.cowbox(bus, 'sandbox', 'wait', 'om')
         d.cowbox(bus, 'sandbox', 'rm', 'om')
+        d.cowbox(bus, 'run', '--keep', '--name', 'om-kept', '--workdir', WORKDIR, 'base', '--', '/bin/true')
         d.wait_for('the jobs to end', lambda: json.loads(d.cowbox(bus, '--json', 'jobs').out) == [])
         time.sleep(1)
     finally:
@@ -513,9 +515,11 @@ def check_object_manager_signals(bus, store):
         t.check(prefix + path in added and prefix + path in removed,
                 f'InterfacesAdded and InterfacesRemoved of {path}: added {added}, removed {removed}')
     t.check(prefix + 'subvolume/om_2d3' in added, f'InterfacesAdded of a snapshot: {added}')
+    t.check(prefix + 'subvolume/om_2dkept' in added, f'InterfacesAdded of the snapshot a task kept: {added}')
     t.check(any(p.startswith(prefix + 'job/') for p in added & removed), f'the signals of a job: {added}, {removed}')
     t.check_equal(known, managed_objects(bus), 'the objects known from the signals')
     d.cowbox(bus, 'rm', 'om-3')
+    d.cowbox(bus, 'rm', 'om-kept')
 
 
 def check_job_text_not_utf8(bus, store):
