@@ -293,9 +293,14 @@ int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_err
                 return r;
         r = workspace_restore(&m->workspaces, m->store, m->store_path, name, label);
         /* The replaced state was deleted, also when the mount after it
-         * failed: its space is the reaper's to give back. */
-        if (r >= 0 || r == -ELOOP)
+         * failed: its space is the reaper's to give back, and the
+         * workspace's subvolume is another one (another UUID) of the
+         * same name. */
+        if (r >= 0 || r == -ELOOP) {
+                signal_subvolume(m, name, NULL, false);
+                signal_subvolume(m, name, NULL, true);
                 manager_reap_soon(m);
+        }
         if (r == -ELOOP)
                 return unsafe_mount_point_error(ws, error);
         return r < 0 ? workspace_error(r, name, error) : sd_bus_reply_method_return(message, NULL);

@@ -475,8 +475,9 @@ def managed_objects(bus):
 
 def check_object_manager_signals(bus, store):
     """The object manager announces every object that comes and goes
-    (subvolumes, a task's snapshot it keeps too, jobs, sandboxes) with
-    InterfacesAdded and InterfacesRemoved: a client that follows them from
+    (subvolumes, a task's snapshot it keeps and a workspace's restored
+    state too, jobs, sandboxes) with InterfacesAdded and
+    InterfacesRemoved: a client that follows them from
     GetManagedObjects knows the objects that GetManagedObjects names
     later."""
     d.wait_for('the jobs before to end', lambda: json.loads(d.cowbox(bus, '--json', 'jobs').out) == [])
@@ -497,13 +498,24 @@ def check_object_manager_signals(bus, store):
         d.cowbox(bus, 'sandbox', 'wait', 'om')
         d.cowbox(bus, 'sandbox', 'rm', 'om')
         d.cowbox(bus, 'run', '--keep', '--name', 'om-kept', '--workdir', WORKDIR, 'base', '--', '/bin/true')
+        d.cowbox(bus, 'workspace', 'create', 'omw', '--image', 'base')
+        d.cowbox(bus, 'workspace', 'checkpoint', 'omw', 'one')
+        d.cowbox(bus, 'workspace', 'restore', 'omw', 'one')
+        d.cowbox(bus, 'workspace', 'rm', 'omw')
         d.wait_for('the jobs to end', lambda: json.loads(d.cowbox(bus, '--json', 'jobs').out) == [])
         time.sleep(1)
     finally:
         monitor.terminate()
         monitor.wait(30)
+    signals = re.findall(r"\.Interfaces(Added|Removed) \(objectpath '([^']*)'", open(log).read())
+    # A restore replaces the workspace's subvolume by another (another
+    # UUID) of the same name.
+    t.check_equal(signals.count(('Added', '/org/cowbox1/subvolume/workspace_2domw')), 2,
+                  'InterfacesAdded of a workspace created and restored')
+    t.check_equal(signals.count(('Removed', '/org/cowbox1/subvolume/workspace_2domw')), 2,
+                  'InterfacesRemoved of a workspace restored and removed')
     added, removed = set(), set()
-    for kind, path in re.findall(r"\.Interfaces(Added|Removed) \(objectpath '([^']*)'", open(log).read()):
+    for kind, path in signals:
         if kind == 'Added':
             known.add(path)
             added.add(path)
