@@ -3,11 +3,11 @@
 """cowboxd at the edges of its API, on a private system bus: a task's
 output with NULs and cut in the middle of a character, options refused at
 the call rather than inside the job, damaged state files, waiters of one
-caller and of one unprivileged user, the signals of every job, a task
-whose caller left at once, a name that is not UTF-8, the object manager's
-signals, jobs whose error or result quotes such a name, a kill that comes
-after the run ended, a sandbox whose run died with the daemon, and the
-cowbox client's usage errors."""
+caller and of one unprivileged user, a workspace beside a task, the
+signals of every job, a task whose caller left at once, a name that is
+not UTF-8, the object manager's signals, jobs whose error or result
+quotes such a name, a kill that comes after the run ended, a sandbox
+whose run died with the daemon, and the cowbox client's usage errors."""
 
 import glob
 import json
@@ -306,6 +306,31 @@ def check_waiters_of_unprivileged(bus):
     d.cowbox(bus, 'sandbox', 'kill', 'watched')
     d.cowbox(bus, 'sandbox', 'wait', 'watched', expect=None)
     d.cowbox(bus, 'sandbox', 'rm', 'watched')
+
+
+def check_workspace_beside_task(bus):
+    """A task of the workdir shape sees the host without the store's mounts:
+    a workspace mounted before it started shows it nothing, and is removed
+    at once while the task runs (a copy of its mount in the task's view kept
+    its server alive: the removal waited, then failed as busy)."""
+    d.cowbox(bus, 'workspace', 'create', 'beside', '--image', 'base')
+    path = json.loads(d.cowbox(bus, '--json', 'workspace', 'show', 'beside').out)['path']
+    with open(os.path.join(path, 'seen'), 'w') as f:
+        f.write('private\n')
+    env = dict(os.environ, **bus.env)
+    task = subprocess.Popen([d.client_exe(), '--json', 'run', '--workdir', WORKDIR, 'base', '--', '/bin/sh', '-c',
+                             f'ls -A {path}; sleep 20'], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        d.wait_for('the task to start', lambda: json.loads(d.cowbox(bus, '--json', 'jobs').out))
+        time.sleep(3)
+        start = time.monotonic()
+        d.cowbox(bus, 'workspace', 'rm', 'beside')
+        t.check(time.monotonic() - start < 5, f'the removal of a workspace beside a task took '
+                f'{time.monotonic() - start:.1f}s')
+    finally:
+        out, err = task.communicate(timeout=60)
+    t.check_equal(json.loads(out)['stdout'], '', f'what a task saw of a workspace ({err})')
 
 
 def check_signals(bus):
@@ -650,6 +675,7 @@ def run():
             check_disk_limit(bus, store)
             check_waiters_of_one_caller(bus)
             check_waiters_of_unprivileged(bus)
+            check_workspace_beside_task(bus)
             check_signals(bus)
             check_caller_gone_at_once(bus, daemon, store)
             check_name_not_utf8(bus, store)
