@@ -130,6 +130,7 @@ static int verb_run(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         SandboxOptions opts = { .shape = SANDBOX_ROOT };
         SandboxResult result = {};
         _cleanup_store_ Store *store = NULL;
+        _cleanup_free_ char *cgroup_base = NULL;
         char error[512];
         uint64_t v;
         int c, r;
@@ -220,6 +221,14 @@ static int verb_run(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         r = tool_open_store(tool, &store);
         if (r != 0)
                 return r;
+        /* Run from a delegated cgroup (systemd-run --scope -p Delegate=yes),
+         * the sandbox's v2 cgroup can have controllers: made below it,
+         * with this process in a leaf of its own. */
+        r = runtime_cgroup_delegate(&cgroup_base);
+        if (r < 0)
+                report_warning("cannot move into a leaf of the cgroup delegated to it (%s): cgroup v2 limits "
+                               "will not apply", strerror(-r));
+        opts.cgroup_base = cgroup_base;
         opts.forward_signal = &signal_to_pass;
         pass_signals_on();
         r = sandbox_run(store, &opts, &result, error, sizeof error);

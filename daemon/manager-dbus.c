@@ -706,7 +706,7 @@ static json_t *reap_work(Store *s, void *userdata, int *ret_error, char **ret_er
 
         /* The reaper gives way to the foreground: a cgroup of its own at a
          * low I/O weight, where the host has one. */
-        (void) runtime_enter_cgroup("reaper", &low, store_path(s), &not_applied);
+        (void) runtime_enter_cgroup("reaper", NULL, &low, store_path(s), &not_applied);
         for (char **p = not_applied; p && *p; p++) {
                 json_array_append_new(unapplied, json_string(*p));
                 free(*p);

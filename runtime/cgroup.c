@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "cleanup.h"
@@ -170,12 +171,69 @@ static uint64_t keyed_value(const char *text, const char *key) {
         return 0;
 }
 
-/* Enables the v2 controllers the sandbox uses for the cgroups below dir:
- * one at a time, since the kernel refuses a whole write for one
- * controller it cannot enable. */
-static void enable_v2_controllers(const char *dir) {
-        FOREACH_STRING(controller, "+io", "+memory", "+pids", "+cpu")
-                (void) write_file(dir, "cgroup.subtree_control", controller);
+static const char *const v2_names[_V2_MAX] = {
+        [V2_IO] = "io",
+        [V2_MEMORY] = "memory",
+        [V2_PIDS] = "pids",
+        [V2_CPU] = "cpu",
+};
+
+#define DELEGATE_HINT "run from a cgroup delegated to cowbox (systemd-run --scope -p Delegate=yes ...)"
+
+/* Enables the v2 controllers the sandbox uses for the cgroups below dir
+ * (name is dir as /proc/self/cgroup names it): one at a time, since the
+ * kernel refuses a whole write for one controller it cannot enable. Says
+ * in why[] why the first refusal of each was. */
+static void enable_v2_controllers(const char *dir, const char *name, char *why[_V2_MAX]) {
+        for (unsigned c = 0; c < _V2_MAX; c++) {
+                char value[16];
+                int r;
+
+                snprintf(value, sizeof value, "+%s", v2_names[c]);
+                r = write_file(dir, "cgroup.subtree_control", value);
+                if (r >= 0 || why[c])
+                        continue;
+                /* The "no internal processes" rule: only a cgroup without
+                 * processes (or the root) hands domain controllers down. */
+                if (r == -EBUSY)
+                        r = asprintf(&why[c], "cgroup v2: cannot enable %s below %s: the cgroup holds processes; "
+                                     DELEGATE_HINT, v2_names[c], name);
+                else if (r == -ENOENT)
+                        r = asprintf(&why[c], "cgroup v2: %s is not handed down to %s by the cgroup above it; "
+                                     DELEGATE_HINT, v2_names[c], name);
+                else
+                        r = asprintf(&why[c], "cgroup v2: cannot enable %s below %s: %s", v2_names[c], name,
+                                     strerror(-r));
+                if (r < 0)
+                        why[c] = NULL;
+        }
+}
+
+/* Whether the space-separated list holds word. */
+static bool has_token(const char *list, const char *word) {
+        size_t n = strlen(word);
+
+        for (const char *p = list; p && *p; p += strcspn(p, " \n")) {
+                p += strspn(p, " \n");
+                if (strncmp(p, word, n) == 0 && (p[n] == 0 || p[n] == ' ' || p[n] == '\n'))
+                        return true;
+        }
+        return false;
+}
+
+/* Why the sandbox's cgroups have no controller c, in either version. */
+static char *host_lacks(const Cgroup *cg, CgroupV2Controller c) {
+        char *text = NULL;
+
+        if (cg->v2_why[c])
+                return strdup(cg->v2_why[c]);
+        if (cg->v2_offered[c])
+                return strdup("the sandbox has no cgroup of its own in the cgroup v2 tree");
+        if (asprintf(&text, "the host has no %s controller: %s, and no cgroup v1 hierarchy has it", v2_names[c],
+                     cg->v2_tree ? "the cgroup v2 tree offers none (its root's cgroup.controllers)" :
+                                   "there is no cgroup v2 tree") < 0)
+                return NULL;
+        return text;
 }
 
 /* Makes the directory path of a cgroup. One of that name left by a run
@@ -191,13 +249,25 @@ static int make_cgroup_dir(const char *path, bool reuse) {
 
 int cgroup_create(Cgroup *cg, const char *name) {
         char *mounts[_CG_MAX] = {}, *own[_CG_MAX] = {};
-        _cleanup_free_ char *controllers = NULL;
+        const char *v2_base = cg->v2_base;
         bool reuse = cg->reuse;
         int r = 0;
 
-        *cg = (Cgroup) { .reuse = reuse };
+        *cg = (Cgroup) { .reuse = reuse, .v2_base = v2_base };
         find_mounts(mounts);
         find_own(own);
+        if (mounts[CG_UNIFIED]) {
+                _cleanup_free_ char *offered = read_file(mounts[CG_UNIFIED], "cgroup.controllers");
+
+                cg->v2_tree = true;
+                for (unsigned v = 0; v < _V2_MAX; v++)
+                        cg->v2_offered[v] = has_token(offered, v2_names[v]);
+        }
+        /* v2: below the cgroup delegated to us, if we were given one. */
+        if (v2_base && own[CG_UNIFIED]) {
+                free(own[CG_UNIFIED]);
+                own[CG_UNIFIED] = strdup(v2_base);
+        }
 
         for (unsigned c = 0; c < _CG_MAX; c++) {
                 _cleanup_free_ char *parent = NULL;
@@ -227,25 +297,28 @@ int cgroup_create(Cgroup *cg, const char *name) {
                         continue;
                 }
                 /* v2: the controllers must be handed down to the new cgroup
-                 * (our own cgroup's write fails while it holds processes,
-                 * unless it is the root; then they are handed down or
-                 * not, as whoever made it chose). */
+                 * (the base's write fails while it holds processes, unless
+                 * it is the root; then they are handed down or not, as
+                 * whoever made it chose). */
                 if (c == CG_UNIFIED) {
-                        _cleanup_free_ char *own_dir = NULL;
+                        _cleanup_free_ char *own_dir = NULL, *controllers = NULL, *parent_name = NULL;
 
                         if (asprintf(&own_dir, "%s%s", mounts[c], streq(own[c], "/") ? "" : own[c]) >= 0)
-                                enable_v2_controllers(own_dir);
-                        enable_v2_controllers(parent);
+                                enable_v2_controllers(own_dir, own[c], cg->v2_why);
+                        if (asprintf(&parent_name, "%s/cowbox", streq(own[c], "/") ? "" : own[c]) >= 0)
+                                enable_v2_controllers(parent, parent_name, cg->v2_why);
                         controllers = read_file(cg->path[c], "cgroup.controllers");
-                        char *save = NULL;
-
-                        for (char *w = controllers ? strtok_r(controllers, " \n", &save) : NULL; w;
-                             w = strtok_r(NULL, " \n", &save)) {
-                                cg->v2_io |= streq(w, "io");
-                                cg->v2_memory |= streq(w, "memory");
-                                cg->v2_pids |= streq(w, "pids");
-                                cg->v2_cpu |= streq(w, "cpu");
-                        }
+                        cg->v2_io = has_token(controllers, "io");
+                        cg->v2_memory = has_token(controllers, "memory");
+                        cg->v2_pids = has_token(controllers, "pids");
+                        cg->v2_cpu = has_token(controllers, "cpu");
+                        /* A reason is kept only for what the host's v2
+                         * tree has and the sandbox's cgroup has not. */
+                        for (unsigned v = 0; v < _V2_MAX; v++)
+                                if (has_token(controllers, v2_names[v]) || !cg->v2_offered[v]) {
+                                        free(cg->v2_why[v]);
+                                        cg->v2_why[v] = NULL;
+                                }
                 }
         }
         for (unsigned c = 0; c < _CG_MAX; c++) {
@@ -327,8 +400,19 @@ static void apply_io_v1(Cgroup *cg, const SandboxLimits *l, dev_t dev) {
                         free(scheduler);
                 }
         }
-        if (l->io_latency_us)
-                not_applied(cg, "I/O latency: needs the io controller of cgroup v2, which this host lacks");
+        if (l->io_latency_us) {
+                if (cg->v2_why[V2_IO])
+                        not_applied(cg, "I/O latency: needs the io controller of cgroup v2: %s", cg->v2_why[V2_IO]);
+                else
+                        not_applied(cg, "I/O latency: needs the io controller of cgroup v2, which this host lacks");
+        }
+}
+
+/* A limit the controller c would have held, and why it did not. */
+static void not_held(Cgroup *cg, const char *what, CgroupV2Controller c) {
+        _cleanup_free_ char *why = host_lacks(cg, c);
+
+        not_applied(cg, "%s: %s", what, why ?: strerror(ENOMEM));
 }
 
 void cgroup_apply(Cgroup *cg, const SandboxLimits *l, dev_t dev) {
@@ -345,7 +429,7 @@ void cgroup_apply(Cgroup *cg, const SandboxLimits *l, dev_t dev) {
                 cg->io_version = 1;
                 apply_io_v1(cg, l, dev);
         } else if (io)
-                not_applied(cg, "I/O limits: the host has neither the io (v2) nor the blkio (v1) controller");
+                not_held(cg, "I/O limits", V2_IO);
         if (!io)
                 cg->io_version = cg->v2_io ? 2 : cg->path[CG_BLKIO] ? 1 : 0;
 
@@ -359,7 +443,7 @@ void cgroup_apply(Cgroup *cg, const SandboxLimits *l, dev_t dev) {
                         if (file_exists(cg->path[CG_MEMORY], "memory.memsw.limit_in_bytes"))
                                 (void) write_file(cg->path[CG_MEMORY], "memory.memsw.limit_in_bytes", v);
                 } else
-                        not_applied(cg, "memory limit: no memory controller");
+                        not_held(cg, "memory limit", V2_MEMORY);
         }
         if (l->pids_max) {
                 snprintf(v, sizeof v, "%" PRIu64, l->pids_max);
@@ -368,7 +452,7 @@ void cgroup_apply(Cgroup *cg, const SandboxLimits *l, dev_t dev) {
                 else if (cg->path[CG_PIDS])
                         apply_value(cg, cg->path[CG_PIDS], "pids.max", v, "process limit");
                 else
-                        not_applied(cg, "process limit: no pids controller");
+                        not_held(cg, "process limit", V2_PIDS);
         }
         if (l->cpu_percent > UINT64_MAX / 1000)
                 not_applied(cg, "CPU limit: %" PRIu64 "%% is more than any host has", l->cpu_percent);
@@ -381,7 +465,7 @@ void cgroup_apply(Cgroup *cg, const SandboxLimits *l, dev_t dev) {
                         snprintf(v, sizeof v, "%" PRIu64, l->cpu_percent * 1000);
                         apply_value(cg, cg->path[CG_CPU], "cpu.cfs_quota_us", v, "CPU limit");
                 } else
-                        not_applied(cg, "CPU limit: no cpu controller");
+                        not_held(cg, "CPU limit", V2_CPU);
         }
 }
 
@@ -517,6 +601,10 @@ void cgroup_destroy(Cgroup *cg) {
         free(cg->not_applied);
         cg->not_applied = NULL;
         cg->n_not_applied = 0;
+        for (unsigned c = 0; c < _V2_MAX; c++) {
+                free(cg->v2_why[c]);
+                cg->v2_why[c] = NULL;
+        }
 }
 
 /* The block device that the file system holding path was mounted from, as
@@ -581,8 +669,9 @@ dev_t block_device_of(const char *path) {
         return makedev(maj, min);
 }
 
-int runtime_enter_cgroup(const char *name, const SandboxLimits *limits, const char *path, char ***ret_not_applied) {
-        Cgroup cg = { .reuse = true };
+int runtime_enter_cgroup(const char *name, const char *cgroup_base, const SandboxLimits *limits, const char *path,
+                         char ***ret_not_applied) {
+        Cgroup cg = { .reuse = true, .v2_base = cgroup_base };
         int r;
 
         r = cgroup_create(&cg, name);
@@ -599,5 +688,73 @@ int runtime_enter_cgroup(const char *name, const SandboxLimits *limits, const ch
         free(cg.not_applied);
         for (unsigned c = 0; c < _CG_MAX; c++)
                 free(cg.path[c]);
+        for (unsigned c = 0; c < _V2_MAX; c++)
+                free(cg.v2_why[c]);
+        return r;
+}
+
+/* Whether systemd marked the cgroup dir as delegated to the processes in
+ * it: trusted.delegate (the system's manager; only root reads it), else
+ * user.delegate (a user's manager). */
+static bool cgroup_is_delegated(const char *dir) {
+        FOREACH_STRING(name, "trusted.delegate", "user.delegate") {
+                char value[8] = {};
+
+                if (getxattr(dir, name, value, sizeof value - 1) > 0)
+                        return streq(value, "1") || streq(value, "yes") || streq(value, "true");
+        }
+        return false;
+}
+
+int runtime_cgroup_delegate(char **ret_base) {
+        char *mounts[_CG_MAX] = {}, *own[_CG_MAX] = {};
+        _cleanup_free_ char *dir = NULL, *leaf = NULL;
+        char pid[32];
+        int r = 0;
+
+        *ret_base = NULL;
+        find_mounts(mounts);
+        find_own(own);
+        if (!mounts[CG_UNIFIED] || !own[CG_UNIFIED] || streq(own[CG_UNIFIED], "/"))
+                goto out;
+        if (asprintf(&dir, "%s%s", mounts[CG_UNIFIED], own[CG_UNIFIED]) < 0) {
+                r = -ENOMEM;
+                goto out;
+        }
+        if (!cgroup_is_delegated(dir)) {
+                char *slash = strrchr(dir, '/');
+
+                /* In a leaf of the delegated cgroup already. */
+                *slash = 0;
+                if (cgroup_is_delegated(dir)) {
+                        size_t n = (size_t) (strrchr(own[CG_UNIFIED], '/') - own[CG_UNIFIED]);
+
+                        *ret_base = n > 0 ? strndup(own[CG_UNIFIED], n) : strdup("/");
+                        r = *ret_base ? 0 : -ENOMEM;
+                }
+                goto out;
+        }
+        /* Ours to organize: systemd leaves what is below a delegated
+         * cgroup to the processes in it, and advises a leaf for the
+         * manager itself, so that the cgroup may hand controllers down to
+         * the others it makes. */
+        if (asprintf(&leaf, "%s/" RUNTIME_CGROUP_LEAF, dir) < 0) {
+                r = -ENOMEM;
+                goto out;
+        }
+        snprintf(pid, sizeof pid, "%d", (int) getpid());
+        if (mkdir(leaf, 0755) < 0 && errno != EEXIST)
+                r = -errno;
+        else
+                r = write_file(leaf, "cgroup.procs", pid);
+        if (r >= 0) {
+                *ret_base = strdup(own[CG_UNIFIED]);
+                r = *ret_base ? 1 : -ENOMEM;
+        }
+out:
+        for (unsigned c = 0; c < _CG_MAX; c++) {
+                free(mounts[c]);
+                free(own[c]);
+        }
         return r;
 }

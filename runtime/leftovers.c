@@ -145,10 +145,18 @@ static bool owner_may_live(const char *text, const struct stat *st) {
         return process_identity_alive(&owner);
 }
 
-/* Only a sandbox's own cgroup below a "cowbox" parent is removed. */
+/* Only a sandbox's own cgroup, BASE/cowbox/NAME, is removed: never one
+ * above it, nor the leaf of a process that manages a delegated cgroup
+ * (BASE/supervisor, where BASE may be named cowbox too): removing a
+ * cgroup kills what is in it. */
 static bool cgroup_path_is_sandbox(const char *path) {
-        return startswith(path, "/sys/fs/cgroup/") && strstr(path, "/cowbox/") && !strstr(path, "/../") &&
-               !strstr(path, "/./");
+        const char *name = strrchr(path, '/');
+
+        if (!startswith(path, "/sys/fs/cgroup/") || strstr(path, "/../") || strstr(path, "/./") || !name ||
+            name - path < 7 || !startswith(name - 7, "/cowbox/"))
+                return false;
+        name++;
+        return *name && !streq(name, ".") && !streq(name, "..") && !streq(name, RUNTIME_CGROUP_LEAF);
 }
 
 /* Calls f on the value of each line of the record that starts with key. */

@@ -23,13 +23,29 @@ typedef enum CgroupController {
         _CG_MAX,
 } CgroupController;
 
+/* The controllers a sandbox uses in the unified tree. */
+typedef enum CgroupV2Controller {
+        V2_IO,
+        V2_MEMORY,
+        V2_PIDS,
+        V2_CPU,
+        _V2_MAX,
+} CgroupV2Controller;
+
 typedef struct Cgroup {
         char *path[_CG_MAX];            /* the sandbox's directory in each hierarchy */
         bool v2_io, v2_memory, v2_pids, v2_cpu;
         unsigned io_version;
         char **not_applied;
         size_t n_not_applied;
+        /* Why a controller the host's v2 tree has is not in the sandbox's
+         * v2 cgroup (it could not be handed down); NULL where it is, or
+         * where the host's v2 tree has none. */
+        char *v2_why[_V2_MAX];
+        bool v2_tree;           /* the host has a unified tree */
+        bool v2_offered[_V2_MAX]; /* ... with the controller (its root's cgroup.controllers) */
         bool reuse;             /* set before cgroup_create: an existing cgroup is fine */
+        const char *v2_base;    /* set before cgroup_create: SandboxOptions.cgroup_base */
 } Cgroup;
 
 int cgroup_create(Cgroup *cg, const char *name);

@@ -16,7 +16,9 @@
  * cgroups: what the host offers is applied, on cgroup v2 (io.max,
  * io.weight, io.latency, memory.max, pids.max, cpu.max) and on cgroup v1
  * (blkio.throttle.*, blkio.bfq.weight, memory, pids, cpu); what could not be
- * applied is reported, never silently dropped.
+ * applied is reported, never silently dropped. A sandbox's cgroup is made
+ * at BASE/cowbox/NAME in each hierarchy, BASE being the caller's own
+ * cgroup, or on v2 the one delegated to it (runtime_cgroup_delegate()).
  *
  * Functions return 0 or a negative errno and never print.
  */
@@ -74,6 +76,10 @@ typedef struct SandboxOptions {
         const char *stdout_path;        /* NULL: the caller's */
         const char *stderr_path;
         SandboxLimits limits;
+        /* The v2 cgroup (as /proc/self/cgroup names it) to make the
+         * sandbox's below, from runtime_cgroup_delegate(); NULL: the
+         * caller's own. */
+        const char *cgroup_base;
 
         /* Widening the confinement, by name: system calls the filter lets
          * through ("ptrace", "mount", ...), capabilities kept
@@ -112,10 +118,26 @@ typedef struct SandboxResult {
 void sandbox_result_clear(SandboxResult *r);
 
 /* Moves the calling process into the cgroup NAME (made if missing) below
- * its own, with the limits given (I/O on the device of path): for
- * background work such as the reaper, at a low I/O weight. What the host
- * could not apply is in *ret_not_applied (NULL-terminated, or NULL). */
-int runtime_enter_cgroup(const char *name, const SandboxLimits *limits, const char *path, char ***ret_not_applied);
+ * its own (on v2, below cgroup_base if not NULL), with the limits given
+ * (I/O on the device of path): for background work such as the reaper, at
+ * a low I/O weight. What the host could not apply is in *ret_not_applied
+ * (NULL-terminated, or NULL). */
+int runtime_enter_cgroup(const char *name, const char *cgroup_base, const SandboxLimits *limits, const char *path,
+                         char ***ret_not_applied);
+
+/* cgroup v2 only hands controllers down from a cgroup that holds no
+ * process. Where the calling process's own v2 cgroup was delegated to it
+ * (systemd's Delegate=yes marks it with the trusted.delegate or
+ * user.delegate attribute), moves the process into a leaf below it,
+ * RUNTIME_CGROUP_LEAF, and returns the delegated cgroup in *ret_base (as
+ * /proc/self/cgroup names it) for SandboxOptions.cgroup_base. So too if
+ * the process is in a leaf of its delegated cgroup already (systemd's
+ * DelegateSubgroup=). *ret_base is NULL, and nothing is done, where
+ * nothing was delegated or there is no v2 tree. Call it before making
+ * other processes: only the caller moves. Returns 1 if it moved, 0 if
+ * not, or a negative errno if it could not. */
+#define RUNTIME_CGROUP_LEAF "supervisor"
+int runtime_cgroup_delegate(char **ret_base);
 
 /* Runs a task to its end. The snapshot is deleted and handed to a
  * background reaper unless opts->keep and the task was not cancelled.

@@ -790,6 +790,7 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
         /* Unique to this run: the same name may run from another store,
          * or have been left by a run killed with -9. */
         snprintf(cgroup_name, sizeof cgroup_name, "%.200s.%d", name, (int) getpid());
+        cg.v2_base = opts->cgroup_base;
         r = cgroup_create(&cg, cgroup_name);
         if (r < 0) {
                 snprintf(error_text, error_size, "cannot make the sandbox's cgroups: %s", strerror(-r));

@@ -22,6 +22,7 @@ import glob
 import json
 import os
 import shutil
+import shlex
 import signal
 import socket
 import stat
@@ -472,6 +473,85 @@ def check_caller_killed(store):
         t.check(not os.path.exists(f'{base}killed-at-write.run'), f'the record of a run killed at its write {n}')
 
 
+def report_of(stderr):
+    return json.loads(stderr[stderr.find('{'):stderr.rfind('}') + 1])
+
+
+def check_delegated_cgroup(store):
+    """Run from a cgroup delegated to it (systemd-run --scope -p
+    Delegate=yes), cowbox-store run moves into a leaf of it, so that the
+    delegated cgroup holds no process and may hand controllers down, and
+    makes the sandbox's v2 cgroup below the delegated one, not below the
+    leaf. What a killed run left there is removed by the next run. A limit
+    that the host cannot apply is reported with its real cause: here, the
+    v2 tree offers neither io nor memory (its root's cgroup.controllers)."""
+    cg = t.delegated_cgroup('sandbox')
+    if not cg:
+        return
+    base = store.path + '-sandboxes/'
+    try:
+        p = subprocess.Popen([t.tool(), '--store', store.path, 'run', '--memory-max', '64M', 'img', '--',
+                              '/probe', 'sleep', '60'], preexec_fn=cg.enter, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+        made = []
+
+        def sandbox_made():
+            made[:] = cg.children('cowbox')
+            return made and any(m.startswith(base) for m in t.mount_table())
+        deadline = time.monotonic() + 30
+        while not sandbox_made() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.1)
+        with open(f'/proc/{p.pid}/cgroup') as f:
+            v2 = [line.rstrip('\n').split(':', 2)[2] for line in f if line.startswith('0::')]
+        t.check_equal(v2, [cg.name + '/supervisor'], 'the v2 cgroup of a run started in a delegated cgroup')
+        t.check_equal(cg.procs(), [], 'processes left in the delegated cgroup itself')
+        t.check_equal(len(made), 1, f'sandbox cgroups below the delegated cgroup: {made}')
+        t.check(cg.procs(os.path.join('cowbox', made[0])), 'the task in its cgroup below the delegated one')
+        t.check_equal(cg.children('supervisor'), [], 'cgroups below the leaf')
+        records = [e for e in os.listdir(base) if e.endswith('.run')]
+        text = ''.join(open(base + e).read() for e in records)
+        t.check(f'cgroup {cg.path}/cowbox/{made[0]}\n' in text, f'the run\'s record names its v2 cgroup:\n{text}')
+
+        # kill -9: the next run removes the sandbox's cgroup, not the leaf.
+        p.kill()
+        p.wait()
+        t.check(os.path.isdir(os.path.join(cg.path, 'cowbox', made[0])), 'the cgroup a killed run left')
+        run(store, 'img', '--', '/probe', 'info')
+        t.check_equal(cg.children('cowbox'), [], 'cgroups below the delegated one after the next run')
+        t.check(os.path.isdir(os.path.join(cg.path, 'supervisor')), 'the leaf after the next run')
+
+        # This host's v2 tree offers neither io nor memory: the I/O latency
+        # and, with no v1 hierarchy for memory either, the memory limit say
+        # so.
+        offered = open(os.path.join(cg.mount, 'cgroup.controllers')).read().split()
+        if 'io' in offered or 'memory' in offered:
+            print(f'SKIP: reasons for limits not applied: the cgroup v2 tree offers {offered} here')
+            return
+        r = subprocess.run([t.tool(), '--store', store.path, '--json', 'run', '--memory-max', '64M', '--io-latency',
+                            '1000', 'img', '--', '/probe', 'info'], preexec_fn=cg.enter, capture_output=True,
+                           text=True, timeout=120)
+        t.check_equal(r.returncode, 0, f'a run in a delegated cgroup: {r.stderr}')
+        reasons = report_of(r.stderr)['not_applied']
+        memory_v1 = [m for m, fs in t.mount_table().items() if fs == 'cgroup' and
+                     os.path.exists(os.path.join(m, 'memory.limit_in_bytes'))]
+        if memory_v1:
+            t.check(not any('memory' in n for n in reasons), f'a memory limit held by cgroup v1: {reasons}')
+        t.check(any(n.startswith('I/O latency:') and 'this host lacks' in n for n in reasons),
+                f'the reason an I/O latency target is not applied: {reasons}')
+        t.check(not any('holds processes' in n for n in reasons), f'reasons of a run in a delegated cgroup: '
+                f'{reasons}')
+        umounts = ' && '.join(f'umount {shlex.quote(m)}' for m in memory_v1)
+        r = subprocess.run(['unshare', '-m', 'sh', '-c', f'{umounts or "true"} && exec "$@"', 'sh', t.tool(),
+                            '--store', store.path, '--json', 'run', '--memory-max', '64M', 'img', '--', '/probe',
+                            'info'], capture_output=True, text=True, timeout=120)
+        t.check_equal(r.returncode, 0, f'a run without a v1 memory hierarchy: {r.stderr}')
+        reasons = report_of(r.stderr)['not_applied']
+        t.check(any(n.startswith('memory limit: the host has no memory controller') and 'cgroup.controllers' in n
+                    for n in reasons), f'the reason a memory limit is not applied on a host without one: {reasons}')
+    finally:
+        cg.close()
+
+
 def check_exit_and_signals(store, tmp):
     """The report tells an exit status above 128 from a signal; SIGTERM to
     cowbox-store run reaches the task, whose end is reported, and the run
@@ -560,6 +640,7 @@ def run_test():
         check_disk_limit(store)
         check_escapes(store)
         check_caller_killed(store)
+        check_delegated_cgroup(store)
         check_exit_and_signals(store, store.tmp)
         check_many(store)
         store.fsck()
