@@ -15,6 +15,7 @@
 #include "api.h"
 #include "cleanup.h"
 #include "manager.h"
+#include "runtime.h"
 
 static void help(void) {
         printf("Usage: cowboxd [--store DIR] [--init] [--reap-low-mark PERCENT]\n"
@@ -47,7 +48,7 @@ int main(int argc, char *argv[]) {
                 {}
         };
         const char *store = getenv("COWBOX_STORE");
-        _cleanup_free_ char *error = NULL;
+        _cleanup_free_ char *error = NULL, *cgroup_base = NULL;
         Manager *m = NULL;
         bool init = false;
         long low = 10, high = 20;
@@ -101,12 +102,20 @@ int main(int argc, char *argv[]) {
                         return EXIT_FAILURE;
                 }
         }
+        /* First, while it is the only process: a service with
+         * Delegate=yes moves into a leaf of its cgroup, so that the
+         * sandboxes' cgroups below it can have controllers. */
+        r = runtime_cgroup_delegate(&cgroup_base);
+        if (r < 0)
+                fprintf(stderr, "cowboxd: cannot move into a leaf of the cgroup delegated to it: %s; cgroup v2 "
+                        "limits will not apply\n", strerror(-r));
         r = manager_new(store, &m);
         if (r < 0) {
                 fprintf(stderr, "cowboxd: cannot open the store at %s: %s%s\n", store, strerror(-r),
                         r == -ENOENT ? " (create it with --init)" : "");
                 return EXIT_FAILURE;
         }
+        m->cgroup_base = TAKE_PTR(cgroup_base);
         m->low_mark = (unsigned) low;
         m->high_mark = (unsigned) (high > low ? high : low);
         r = manager_start(m, &error);

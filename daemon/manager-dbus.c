@@ -699,6 +699,7 @@ static json_t *scrub_work(Store *s, void *userdata, int *ret_error, char **ret_e
 static json_t *reap_work(Store *s, void *userdata, int *ret_error, char **ret_error_text,
                          void (*progress)(uint64_t, uint64_t)) {
         const SandboxLimits low = { .io_weight = REAPER_IO_WEIGHT };
+        Manager *m = userdata;
         json_t *unapplied = json_array();
         StoreReapStats stats = {};
         char **not_applied = NULL;
@@ -706,7 +707,7 @@ static json_t *reap_work(Store *s, void *userdata, int *ret_error, char **ret_er
 
         /* The reaper gives way to the foreground: a cgroup of its own at a
          * low I/O weight, where the host has one. */
-        (void) runtime_enter_cgroup("reaper", NULL, &low, store_path(s), &not_applied);
+        (void) runtime_enter_cgroup("reaper", m->cgroup_base, &low, store_path(s), &not_applied);
         for (char **p = not_applied; p && *p; p++) {
                 json_array_append_new(unapplied, json_string(*p));
                 free(*p);
@@ -744,7 +745,7 @@ int manager_start_reap(Manager *m, Job **ret) {
         Job *j = NULL;
         int r;
 
-        r = job_start(m, JOB_REAP, NULL, reap_work, NULL, NULL, &j);
+        r = job_start(m, JOB_REAP, NULL, reap_work, m, NULL, &j);
         if (r >= 0 && ret)
                 *ret = j;
         return r;

@@ -54,6 +54,7 @@ Manager *manager_free(Manager *m) {
         manager_free_sandboxes(m);
         store_close(m->store);
         free(m->store_path);
+        free(m->cgroup_base);
         free(m);
         return NULL;
 }

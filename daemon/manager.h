@@ -88,6 +88,10 @@ struct Manager {
         /* Ticks of the space watch that look again for what receives of a
          * daemon that died left: its workers may outlive it for a moment. */
         unsigned recover_ticks;
+
+        /* The v2 cgroup delegated to the daemon, below which sandboxes'
+         * cgroups are made (the daemon is in a leaf of it); NULL: none. */
+        char *cgroup_base;
 };
 
 int manager_new(const char *store_path, Manager **ret);

@@ -303,6 +303,7 @@ int task_start(Manager *m, const char *source, char *const *argv, json_t *opts, 
                         .io_weight = api_option_uint(opts, "io_weight", 0),
                         .io_latency_us = api_option_uint(opts, "io_latency_us", 0),
                 },
+                .cgroup_base = m->cgroup_base,
         };
         if (!w->source || !w->argv || (n > 0 && !w->argv[n - 1])) {
                 task_work_free(w);

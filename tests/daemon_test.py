@@ -97,18 +97,20 @@ class Bus:
 
 
 class Daemon:
-    def __init__(self, store, bus, args=(), env=None):
+    def __init__(self, store, bus, args=(), env=None, cgroup=None):
         self.store = store
         self.bus = bus
         self.args = list(args)
         self.env = env or {}
+        self.cgroup = cgroup    # a t.DelegatedCgroup to start in
         self.proc = None
         self.log = os.path.join(store.tmp, 'cowboxd.log')
 
     def start(self):
         env = dict(os.environ, **self.bus.env, **self.env)
         self.proc = subprocess.Popen([daemon_exe(), '--store', self.store.path] + self.args, env=env,
-                                     stdout=open(self.log, 'a'), stderr=subprocess.STDOUT)
+                                     stdout=open(self.log, 'a'), stderr=subprocess.STDOUT,
+                                     preexec_fn=self.cgroup.enter if self.cgroup else None)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             r = subprocess.run(['busctl', '--system', 'status', 'org.cowbox1'], env=env, capture_output=True,
@@ -138,9 +140,9 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def bus_and_daemon(store, policy='contrib', args=(), env=None):
+def bus_and_daemon(store, policy='contrib', args=(), env=None, cgroup=None):
     bus = Bus(store, policy)
-    daemon = Daemon(store, bus, args, env)
+    daemon = Daemon(store, bus, args, env, cgroup)
     try:
         daemon.start()
         yield bus, daemon

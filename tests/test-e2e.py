@@ -5,7 +5,8 @@
 result is checked and none saw another's change; a task is cancelled; the
 daemon is killed with -9 while a task runs and restarted, and nothing of
 that task is left; everything is deleted, reaped, and the store's usage is
-back to where it started."""
+back to where it started. A daemon started in a delegated cgroup (its unit's
+Delegate=yes) runs tasks in cgroups below it."""
 
 import concurrent.futures
 import json
@@ -126,6 +127,69 @@ def check_client_arguments(bus):
                   'printf "%s\\n" "${COMPREPLY[@]}"')
         r = d.run(bus, ['env', f'PATH={path}', 'bash', '-c', script])
         t.check(want in r.out.split(), f'completion of cowbox {" ".join(words)} offers no {want}:\n{r.describe()}')
+
+
+def check_delegated_daemon(stream):
+    """cowboxd started in a cgroup delegated to it (Delegate=yes in its
+    unit) moves into a leaf of it, so that the delegated cgroup holds no
+    process and may hand controllers down, and makes its tasks' v2 cgroups
+    below the delegated cgroup, not below its leaf. What a killed worker
+    left there goes at the next start; the leaf stays, even where a record
+    names it. Limits the host cannot apply say why: here, the v2 tree has
+    no io controller; v1 holds the memory limit as before."""
+    cg = t.delegated_cgroup('e2e')
+    if not cg:
+        return
+    try:
+        with t.Store('e2e-delegated') as store, d.bus_and_daemon(store, cgroup=cg) as (bus, daemon):
+            t.check_equal(cg.procs(), [], 'processes in the delegated cgroup itself')
+            t.check(daemon.proc.pid in cg.procs('supervisor'), f'the daemon in its leaf: {cg.procs("supervisor")}')
+            d.cowbox(bus, 'image', 'receive', '-f', stream)
+            r = d.cowbox(bus, '--json', 'run', '--memory-max', '64M', '--io-latency', '1000', 'checkout', '--',
+                         '/probe', 'info')
+            reasons = json.loads(r.out)['not_applied']
+            offered = open(os.path.join(cg.mount, 'cgroup.controllers')).read().split()
+            if 'io' not in offered:
+                t.check(any(n.startswith('I/O latency:') and 'this host lacks' in n for n in reasons),
+                        f'the reason an I/O latency target is not applied: {reasons}')
+            if 'memory' not in offered:
+                t.check(not any('memory' in n for n in reasons), f'a memory limit held by cgroup v1: {reasons}')
+
+            client = subprocess.Popen([d.client_exe(), 'run', 'checkout', '--', '/probe', 'sleep', '60'],
+                                      env=dict(os.environ, **bus.env), stderr=subprocess.DEVNULL)
+            made = []
+
+            def task_cgroup():
+                made[:] = [c for c in cg.children('cowbox') if c.startswith('sandbox-')]
+                return made and cg.procs(os.path.join('cowbox', made[0]))
+            d.wait_for('the task to start in its cgroup below the delegated one', task_cgroup)
+            d.cowbox(bus, 'reap')
+            t.check('reaper' in cg.children('cowbox'), f'the reaper\'s cgroup: {cg.children("cowbox")}')
+            t.check_equal(cg.children('supervisor'), [], 'cgroups below the daemon\'s leaf')
+            worker = int(made[0].split('-')[1])
+            t.check(worker in cg.procs('supervisor'), 'the task\'s worker in the daemon\'s leaf')
+            os.kill(worker, signal.SIGKILL)
+            client.wait(60)
+            t.check(os.path.isdir(os.path.join(cg.path, 'cowbox', made[0])), 'the cgroup a killed worker left')
+            # A record of a runner that is gone naming the daemon's leaf.
+            dead = subprocess.Popen(['true'])
+            dead.wait()
+            boot_id = open('/proc/sys/kernel/random/boot_id').read().strip()
+            with open(os.path.join(store.path + '-sandboxes', 'forged.run'), 'w') as f:
+                f.write(f'owner {dead.pid} 1 {boot_id} {os.stat("/proc/self/ns/pid").st_ino}\n'
+                        f'cgroup {cg.path}/supervisor\n')
+            daemon.stop()
+            daemon.start()
+            d.wait_for('the killed worker\'s task to leave nothing',
+                       lambda: no_sandboxes_left(store) and not os.path.exists(os.path.join(cg.path, 'cowbox',
+                                                                                            made[0])))
+            d.wait_for('the record naming the leaf to be gone',
+                       lambda: not os.path.exists(os.path.join(store.path + '-sandboxes', 'forged.run')))
+            t.check(daemon.proc.poll() is None and daemon.proc.pid in cg.procs('supervisor'),
+                    f'the daemon alive in its leaf after its start: {open(daemon.log).read()[-2000:]}')
+            d.cowbox(bus, 'run', 'checkout', '--', '/probe', 'info')
+    finally:
+        cg.close()
 
 
 def run():
@@ -280,6 +344,7 @@ def run():
             t.check_equal(end[key], start[key], f'{key} at the end')
         t.check_equal(store.names(), [], 'subvolumes at the end')
         store.fsck()
+        check_delegated_daemon(stream)
 
 
 if __name__ == '__main__':
