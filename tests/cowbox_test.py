@@ -734,8 +734,8 @@ class DelegatedCgroup:
         os.makedirs(self.path)
         os.setxattr(self.path, 'trusted.delegate', b'1')
 
-    def enter(self):
-        with open(os.path.join(self.path, 'cgroup.procs'), 'w') as f:
+    def enter(self, below=''):
+        with open(os.path.join(self.path, below, 'cgroup.procs'), 'w') as f:
             f.write(str(os.getpid()))
 
     def procs(self, below=''):

@@ -520,6 +520,20 @@ def check_delegated_cgroup(store):
         t.check_equal(cg.children('cowbox'), [], 'cgroups below the delegated one after the next run')
         t.check(os.path.isdir(os.path.join(cg.path, 'supervisor')), 'the leaf after the next run')
 
+        # Started in the leaf already (systemd's DelegateSubgroup=): the
+        # sandbox's cgroup is below the delegated cgroup all the same.
+        p = subprocess.Popen([t.tool(), '--store', store.path, 'run', 'img', '--', '/probe', 'sleep', '60'],
+                             preexec_fn=lambda: cg.enter('supervisor'), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not sandbox_made() and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.1)
+        p.kill()
+        p.wait()
+        t.check_equal((len(made), cg.children('supervisor')), (1, []),
+                      'cgroups of a run started in the leaf, below the delegated cgroup and the leaf')
+        run(store, 'img', '--', '/probe', 'info')
+
         # This host's v2 tree offers neither io nor memory: the I/O latency
         # and, with no v1 hierarchy for memory either, the memory limit say
         # so.
