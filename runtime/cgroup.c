@@ -249,11 +249,16 @@ static int make_cgroup_dir(const char *path, bool reuse) {
 
 int cgroup_create(Cgroup *cg, const char *name) {
         char *mounts[_CG_MAX] = {}, *own[_CG_MAX] = {};
+        Cgroup settings = {
+                .reuse = cg->reuse,
+                .v2_base = cg->v2_base,
+                .before_make = cg->before_make,
+                .before_make_userdata = cg->before_make_userdata,
+        };
         const char *v2_base = cg->v2_base;
-        bool reuse = cg->reuse;
         int r = 0;
 
-        *cg = (Cgroup) { .reuse = reuse, .v2_base = v2_base };
+        *cg = settings;
         find_mounts(mounts);
         find_own(own);
         if (mounts[CG_UNIFIED]) {
@@ -287,6 +292,14 @@ int cgroup_create(Cgroup *cg, const char *name) {
                         cg->path[c] = NULL;
                         r = -ENOMEM;
                         break;
+                }
+                if (cg->before_make) {
+                        r = cg->before_make(cg->path[c], cg->before_make_userdata);
+                        if (r < 0) {
+                                free(cg->path[c]);
+                                cg->path[c] = NULL;
+                                break;
+                        }
                 }
                 k = mkdir(parent, 0755) < 0 && errno != EEXIST ? -errno : make_cgroup_dir(cg->path[c], cg->reuse);
                 if (k < 0) {

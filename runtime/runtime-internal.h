@@ -46,6 +46,10 @@ typedef struct Cgroup {
         bool v2_offered[_V2_MAX]; /* ... with the controller (its root's cgroup.controllers) */
         bool reuse;             /* set before cgroup_create: an existing cgroup is fine */
         const char *v2_base;    /* set before cgroup_create: SandboxOptions.cgroup_base */
+        /* Set before cgroup_create: called with each cgroup's path before
+         * it is made, to write it down; a failure stops the making. */
+        int (*before_make)(const char *path, void *userdata);
+        void *before_make_userdata;
 } Cgroup;
 
 int cgroup_create(Cgroup *cg, const char *name);

@@ -752,6 +752,10 @@ void sandbox_result_clear(SandboxResult *r) {
         *r = (SandboxResult) {};
 }
 
+static int record_cgroup(const char *path, void *userdata) {
+        return run_record_add(userdata, "cgroup", path);
+}
+
 static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunRecord *record,
                     SandboxResult *ret, char *error_text, size_t error_size) {
         _cleanup_free_ char *sandboxes = NULL, *own_dir = NULL, *mountpoint = NULL, *staging = NULL;
@@ -791,16 +795,16 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
          * or have been left by a run killed with -9. */
         snprintf(cgroup_name, sizeof cgroup_name, "%.200s.%d", name, (int) getpid());
         cg.v2_base = opts->cgroup_base;
+        /* Each written down before it is made: a run killed in between
+         * leaves nothing the next one does not know of. */
+        cg.before_make = record_cgroup;
+        cg.before_make_userdata = record;
         r = cgroup_create(&cg, cgroup_name);
         if (r < 0) {
-                snprintf(error_text, error_size, "cannot make the sandbox's cgroups: %s", strerror(-r));
+                snprintf(error_text, error_size, "cannot make the sandbox's cgroups, or write them in its record: %s",
+                         strerror(-r));
                 goto finish;
         }
-        for (unsigned c = 0; c < _CG_MAX; c++)
-                if (cg.path[c] && (r = run_record_add(record, "cgroup", cg.path[c])) < 0) {
-                        snprintf(error_text, error_size, "cannot write the sandbox's record: %s", strerror(-r));
-                        goto finish;
-                }
         /* The sandbox's outer process and its init are in its cgroups
          * too: the limit is on the task's own processes. */
         if (limits.pids_max > 0 && limits.pids_max < UINT64_MAX - 2)
