@@ -510,10 +510,31 @@ static int need_args(int argc, char *argv[], int min, int max, const char *synop
         return 0;
 }
 
-/* Options of a command: getopt on what follows the command's words. */
+/* Options of a command: getopt on what follows the command's words.
+ * getopt's own messages would name that word as the program ("run:
+ * unrecognized option"): option_error() says what is wrong instead. */
 static void reset_getopt(void) {
         optind = 1;
-        opterr = 1;
+        opterr = 0;
+}
+
+/* The usage error of a bad option of command: c is what getopt returned,
+ * '?' for an option the command does not have, ':' for one without its
+ * value (the option string starts with ':'). */
+static int option_error(const char *command, int c, int argc, char *argv[]) {
+        const char *arg = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+        char letter[3];
+
+        /* A short option among others ("-rx") is known only by its letter. */
+        if (optopt > 0 && optopt < 0x80 && !startswith(arg, "--")) {
+                snprintf(letter, sizeof letter, "-%c", optopt);
+                arg = letter;
+        }
+        if (c == ':')
+                return usage_error("option '%s' of '%s' needs a value", arg, command);
+        if (streq(arg, "--json"))
+                return usage_error("--json goes before the command: " PROGRAM " --json %s", command);
+        return usage_error("'%s' has no option '%.*s'", command, (int) strcspn(arg, "="), arg);
 }
 
 static int json_options(json_t *doc, char **ret) {
@@ -530,11 +551,11 @@ static int verb_image_receive(int argc, char *argv[]) {
         int c, r;
 
         reset_getopt();
-        while ((c = getopt_long(argc, argv, "f:", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, ":f:", options, NULL)) >= 0)
                 if (c == 'f')
                         file = optarg;
                 else
-                        return usage_error("bad option");
+                        return option_error("image receive", c, argc, argv);
         r = need_args(argc, argv, 0, 1, "image receive [-f FILE] [NAME]");
         if (r)
                 return r;
@@ -566,7 +587,7 @@ static int verb_image_send(int argc, char *argv[]) {
         json_t *doc;
 
         reset_getopt();
-        while ((c = getopt_long(argc, argv, "p:f:", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, ":p:f:", options, NULL)) >= 0)
                 switch (c) {
                 case 'p': parent = optarg; break;
                 case 'f': file = optarg; break;
@@ -577,7 +598,7 @@ static int verb_image_send(int argc, char *argv[]) {
                         break;
                 case 'c': compressed = true; break;
                 case 'z': zstd = true; break;
-                default: return usage_error("bad option");
+                default: return option_error("image send", c, argc, argv);
                 }
         if (compressed && version == 1)
                 return usage_error("--compressed-data needs --proto 2 (version 1 streams carry no compressed data)");
@@ -615,11 +636,11 @@ static int verb_snapshot(int argc, char *argv[]) {
         int c, r;
 
         reset_getopt();
-        while ((c = getopt_long(argc, argv, "r", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, ":r", options, NULL)) >= 0)
                 if (c == 'r')
                         readonly = true;
                 else
-                        return usage_error("bad option");
+                        return option_error("snapshot", c, argc, argv);
         r = need_args(argc, argv, 2, 2, "snapshot [-r] SOURCE NAME");
         if (r)
                 return r;
@@ -627,11 +648,35 @@ static int verb_snapshot(int argc, char *argv[]) {
                          readonly ? "{\"readonly\": true}" : "{}");
 }
 
-static int verb_simple(int argc, char *argv[], int nargs, const char *synopsis) {
+/* The words of a synopsis that name its command: "workspace show" of
+ * "workspace show NAME". */
+static const char *synopsis_command(const char *synopsis, char *buf, size_t size) {
+        size_t n = 0;
+
+        while (synopsis[n] && !(n > 0 && synopsis[n - 1] == ' ' && (isupper((unsigned char) synopsis[n]) ||
+                                                                   synopsis[n] == '[')))
+                n++;
+        while (n > 0 && synopsis[n - 1] == ' ')
+                n--;
+        snprintf(buf, size, "%.*s", (int) n, synopsis);
+        return buf;
+}
+
+/* A command without options: checks that, and its number of arguments. */
+static int verb_options_none(int argc, char *argv[], const char *synopsis) {
+        static const struct option none[] = { {} };
+        char command[64];
+        int c;
+
         reset_getopt();
-        if (getopt(argc, argv, "") >= 0)
-                return usage_error("'%s' takes no options", synopsis);
-        return need_args(argc, argv, nargs, nargs, synopsis);
+        c = getopt_long(argc, argv, ":", none, NULL);
+        if (c >= 0)
+                return option_error(synopsis_command(synopsis, command, sizeof command), c, argc, argv);
+        return 0;
+}
+
+static int verb_simple(int argc, char *argv[], int nargs, const char *synopsis) {
+        return verb_options_none(argc, argv, synopsis) ?: need_args(argc, argv, nargs, nargs, synopsis);
 }
 
 /* SIZE: bytes with an optional K, M, G or T (binary), or "none". */
@@ -679,7 +724,7 @@ static int verb_workspace_create(int argc, char *argv[]) {
         int c, r;
 
         reset_getopt();
-        while ((c = getopt_long(argc, argv, "", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, ":", options, NULL)) >= 0)
                 switch (c) {
                 case 'i': json_object_set_new(doc, "image", json_string(optarg)); break;
                 case 'o': json_object_set_new(doc, "owner", json_string(optarg)); break;
@@ -693,7 +738,7 @@ static int verb_workspace_create(int argc, char *argv[]) {
                         break;
                 default:
                         json_decref(doc);
-                        return usage_error("bad option");
+                        return option_error("workspace create", c, argc, argv);
                 }
         r = need_args(argc, argv, 1, 1, "workspace create NAME --image IMAGE [--owner USER] [--limit SIZE] [--path PATH]");
         if (r == 0 && !json_object_get(doc, "image"))
@@ -743,8 +788,8 @@ static int verb_workspace(int argc, char *argv[]) {
                 char stamp[32];
                 const char *label = stamp;
 
-                reset_getopt();
-                if (getopt(argc, argv, "") >= 0 || need_args(argc, argv, 1, 2, "workspace checkpoint NAME [LABEL]"))
+                if (verb_options_none(argc, argv, "workspace checkpoint NAME [LABEL]") ||
+                    need_args(argc, argv, 1, 2, "workspace checkpoint NAME [LABEL]"))
                         return EXIT_USAGE;
                 if (optind + 1 < argc)
                         label = argv[optind + 1];       /* checked by the daemon */
@@ -792,7 +837,7 @@ static int parse_task_options(int argc, char *argv[], json_t *doc, const char **
         int c;
 
         reset_getopt();
-        while ((c = getopt_long(argc, argv, "+", options, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "+:", options, NULL)) >= 0) {
                 bool known = false;
 
                 if (c == 'w')
@@ -821,7 +866,7 @@ static int parse_task_options(int argc, char *argv[], json_t *doc, const char **
                         json_object_set_new(doc, numeric[i].key, json_integer((json_int_t) v));
                 }
                 if (!known)
-                        return usage_error("bad option");
+                        return option_error(image ? "sandbox create" : "run", c, argc, argv);
         }
         return EXIT_SUCCESS;
 }

@@ -416,6 +416,40 @@ def test_help(store):
         check_fits(t.run_command([program, '--help']).out, f'{os.path.basename(program)} --help')
 
 
+def client():
+    return os.path.join(os.path.dirname(os.path.dirname(t.tool())), 'cli', 'cowbox')
+
+
+def test_client_usage(store):
+    """cowbox's usage errors come before it calls the daemon (here there is
+    no bus: a call would exit 69), exit 2, and name the command and the
+    option as the user wrote them, in a message of cowbox's own."""
+    env = {'DBUS_SYSTEM_BUS_ADDRESS': f'unix:path={store.tmp}/no-bus-here'}
+    cases = [
+        (['list', '-x'], ["'list'", "'-x'"]),
+        (['run', '--frobnicate', 'base', '--', 'true'], ["'run'", "'--frobnicate'"]),
+        (['run', '--timeout=5', '--bogus=3', 'base', '--', 'true'], ["'run'", "'--bogus'"]),
+        (['run', '--timeout'], ["'run'", "'--timeout'", 'needs a value']),
+        (['image', 'send', '--bogus', 'base'], ["'image send'", "'--bogus'"]),
+        (['image', 'send', '-f'], ["'image send'", "'-f'", 'needs a value']),
+        (['image', 'send', '--proto'], ["'image send'", "'--proto'", 'needs a value']),
+        (['image', 'receive', '-x'], ["'image receive'", "'-x'"]),
+        (['snapshot', '-rz', 'a', 'b'], ["'snapshot'", "'-z'"]),
+        (['workspace', 'show', '--help'], ["'workspace show'", "'--help'"]),
+        (['workspace', 'checkpoint', '-q', 'ws'], ["'workspace checkpoint'", "'-q'"]),
+        (['workspace', 'create', 'ws', '--image', 'base', '--limit'], ["'workspace create'", "'--limit'"]),
+        (['sandbox', 'create', 'x', '--image', 'base', '--frobnicate', '--', 'true'],
+         ["'sandbox create'", "'--frobnicate'"]),
+        (['status', '--json'], ['--json goes before the command', 'cowbox --json status']),
+    ]
+    for argv, words in cases:
+        r = t.run_command([client()] + argv, env=env, expect=2)
+        lines = r.err.splitlines()
+        t.check(lines and all(line.startswith('cowbox: ') for line in lines),
+                f'cowbox {" ".join(argv)}: a message not of cowbox\'s own:\n{r.err}')
+        t.check(all(w in r.err for w in words), f'cowbox {" ".join(argv)} does not say {words}:\n{r.err}')
+
+
 def check_fits(text, what):
     long = [line for line in text.splitlines() if len(line) > 80]
     t.check(not long, f'{what}: lines wider than 80 columns:\n' + '\n'.join(long))
@@ -447,6 +481,7 @@ def run():
         sub.run('progress on a terminal', test_progress, store)
         sub.run('lock files of forgotten subvolumes', test_lock_files_pruned, store)
         sub.run('help', test_help, store)
+        sub.run('usage errors of cowbox', test_client_usage, store)
         sub.run('version', test_version, store)
         sub.check()
 
