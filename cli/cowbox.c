@@ -807,6 +807,13 @@ static int verb_workspace(int argc, char *argv[]) {
         return usage_error("unknown workspace command '%s'", verb);
 }
 
+static const char *long_option_name(const struct option *options, int id) {
+        for (; options->name; options++)
+                if (options->val == id)
+                        return options->name;
+        return "?";
+}
+
 /* The options of a task (run, sandbox create) into a JSON document of
  * RunTask's options; with image, also --image. EXIT_SUCCESS or a usage
  * error. */
@@ -863,6 +870,9 @@ static int parse_task_options(int argc, char *argv[], json_t *doc, const char **
                                             : (!isdigit((unsigned char) optarg[0]) ||
                                                ((v = strtoull(optarg, &end, 10)), errno || !end || *end)))
                                 return usage_error("'%s' is not a valid number or size", optarg);
+                        /* JSON numbers are signed: more would reach the daemon as a negative one. */
+                        if (v > (uint64_t) INT64_MAX)
+                                return usage_error("'%s' is too large for --%s", optarg, long_option_name(options, c));
                         json_object_set_new(doc, numeric[i].key, json_integer((json_int_t) v));
                 }
                 if (!known)

@@ -441,6 +441,11 @@ def test_client_usage(store):
         (['sandbox', 'create', 'x', '--image', 'base', '--frobnicate', '--', 'true'],
          ["'sandbox create'", "'--frobnicate'"]),
         (['status', '--json'], ['--json goes before the command', 'cowbox --json status']),
+        # JSON numbers are signed: these would reach the daemon as -1 and 2^63.
+        (['run', '--timeout', '18446744073709551615', 'base', '--', 'true'],
+         ["'18446744073709551615'", '--timeout', 'too large']),
+        (['sandbox', 'create', 'x', '--image', 'base', '--pids-max=9223372036854775808', '--', 'true'],
+         ["'9223372036854775808'", '--pids-max', 'too large']),
     ]
     for argv, words in cases:
         r = t.run_command([client()] + argv, env=env, expect=2)
