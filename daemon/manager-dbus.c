@@ -385,8 +385,20 @@ static int method_set_quota(sd_bus_message *message, void *userdata, sd_bus_erro
 
 static void (*worker_progress)(uint64_t done, uint64_t total);
 
+/* A receive from a file reads it twice: it checks the whole of it before it
+ * applies anything. The job counts both readings, so that its progress
+ * never goes back to 0 between them. */
+static bool progress_read_twice;
+
 static void image_progress(const ImageProgress *p, void *userdata) {
-        worker_progress(p->bytes, p->total);
+        if (streq(p->phase, "verifying"))
+                progress_read_twice = true;
+        if (!progress_read_twice)
+                worker_progress(p->bytes, p->total);
+        else if (streq(p->phase, "verifying"))
+                worker_progress(p->bytes, 2 * p->total);
+        else
+                worker_progress(p->total + p->bytes, 2 * p->total);
 }
 
 typedef struct StreamWork {

@@ -556,17 +556,19 @@ class Result:
             fail(f'output is not JSON ({e}):\n{self.describe()}')
 
 
-def run_on_terminal(argv, timeout=120):
+def run_on_terminal(argv, timeout=120, env=None):
     """Runs a command with its standard error on a pseudo-terminal, as a
-    user at a terminal sees it, and its standard output to a file. Returns
-    the exit status, the standard output and what the terminal got."""
+    user at a terminal sees it, and its standard output to a file; env is
+    added to its environment. Returns the exit status, the standard output
+    and what the terminal got."""
     import pty
     import select
     master, slave = pty.openpty()
     got = []
     with tempfile.TemporaryFile() as out:
         try:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=slave)
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=slave,
+                                 env=dict(os.environ, **(env or {})))
         finally:
             os.close(slave)
         deadline = time.monotonic() + timeout

@@ -180,6 +180,32 @@ def check_jobs_and_objects(bus, store):
         t.check(f'member={signal_name}' in log, f'signal {signal_name} was seen:\n{log[-3000:]}')
 
 
+def check_receive_progress(bus, store):
+    """The progress line of a receive from a file on a terminal only goes
+    forward: the file is read twice (checked whole, then applied), and the
+    job counts both readings as one piece of work."""
+    store.create('progress-src')
+    with store.mount('progress-src') as m:
+        with open(m.p('big'), 'wb') as f:
+            for _ in range(160):
+                f.write(os.urandom(1 << 20))
+    store.snapshot('progress-src', 'progress-image', readonly=True)
+    stream = os.path.join(store.tmp, 'progress.stream')
+    store.run('send', '-f', stream, 'progress-image')
+    store.delete('progress-src')
+    store.delete('progress-image')
+    code, out, term = t.run_on_terminal([d.client_exe(), 'image', 'receive', '-f', stream, 'progress-copy'],
+                                        env=bus.env)
+    os.unlink(stream)
+    t.check_equal(code, 0, f'cowbox image receive on a terminal (it printed {out!r})')
+    shown = [int(p) for p in re.findall(r'\] +(\d+)% ', term)]
+    t.check(len(set(shown)) > 2, f'the receive showed too little progress to judge: {term!r}')
+    t.check(shown == sorted(shown), f'the progress of a receive went back: {shown}')
+    t.check(term.endswith('\r\x1b[K' + "Received image 'progress-copy'.\r\n") or term.endswith('\r\x1b[K'),
+            f'the progress line was not removed at the end: {term[-200:]!r}')
+    d.cowbox(bus, 'image', 'rm', 'progress-copy')
+
+
 def check_bad_arguments(bus, store):
     before = d.names(bus)
     cases = [
@@ -526,6 +552,7 @@ def run():
         with d.bus_and_daemon(store) as (bus, daemon):
             check_standard_clients(bus, store)
             check_jobs_and_objects(bus, store)
+            check_receive_progress(bus, store)
             check_bad_arguments(bus, store)
             check_cancel_and_crash(bus, daemon, store)
             check_job_limit(bus, store)
