@@ -7,6 +7,7 @@ exit status for every misuse. No FUSE needed."""
 import fcntl
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -455,6 +456,27 @@ def test_client_usage(store):
         t.check(all(w in r.err for w in words), f'cowbox {" ".join(argv)} does not say {words}:\n{r.err}')
 
 
+def test_service_unit(store):
+    """contrib/cowboxd.service, as meson installs it, passes systemd-analyze
+    verify (which runs man for every man: page it names), and stopping it
+    stops the daemon alone: the FUSE servers of workspaces live in its
+    cgroup and must outlive a restart (the daemon ends its jobs and tasks
+    itself)."""
+    source = open(os.path.join(t.source_root(), 'contrib', 'cowboxd.service')).read()
+    daemon = os.path.join(os.path.dirname(os.path.dirname(t.tool())), 'daemon')
+    unit = os.path.join(store.new_dir('unit'), 'cowboxd.service')
+    t.write_file(unit, source.replace('@sbindir@', daemon).encode())
+    service = source.split('[Service]', 1)[1].split('\n[', 1)[0]
+    kill_modes = re.findall(r'^KillMode=(.*)$', service, re.M)
+    t.check_equal(kill_modes, ['process'], 'the KillMode of cowboxd.service')
+    if not shutil.which('systemd-analyze'):
+        print('SKIP: systemd-analyze verify: no systemd-analyze here', flush=True)
+        return
+    r = t.run_command(['systemd-analyze', 'verify', unit], expect=None)
+    said = [line for line in (r.out + r.err).splitlines() if 'cowboxd.service' in line]
+    t.check(r.code == 0 and not said, f'systemd-analyze verify of cowboxd.service:\n{r.describe()}')
+
+
 def check_fits(text, what):
     long = [line for line in text.splitlines() if len(line) > 80]
     t.check(not long, f'{what}: lines wider than 80 columns:\n' + '\n'.join(long))
@@ -487,6 +509,7 @@ def run():
         sub.run('lock files of forgotten subvolumes', test_lock_files_pruned, store)
         sub.run('help', test_help, store)
         sub.run('usage errors of cowbox', test_client_usage, store)
+        sub.run('contrib/cowboxd.service', test_service_unit, store)
         sub.run('version', test_version, store)
         sub.check()
 
