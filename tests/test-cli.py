@@ -7,6 +7,7 @@ exit status for every misuse. No FUSE needed."""
 import fcntl
 import os
 import re
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -456,6 +457,56 @@ def test_client_usage(store):
         t.check(all(w in r.err for w in words), f'cowbox {" ".join(argv)} does not say {words}:\n{r.err}')
 
 
+def complete(store, function, words):
+    """What the bash completion of contrib/ offers for the last of words."""
+    completion = os.path.join(t.source_root(), 'contrib', 'cowbox.bash-completion')
+    quoted = ' '.join(shlex.quote(w) for w in words)
+    script = (f'source {shlex.quote(completion)}; COMP_WORDS=({quoted}); COMP_CWORD={len(words) - 1}; '
+              f'{function}; printf "%s\\n" "${{COMPREPLY[@]}}"')
+    path = os.path.dirname(t.tool()) + ':' + os.environ['PATH']
+    r = t.run_command(['bash', '-c', script], env={'PATH': path, 'COWBOX_STORE': store.path})
+    return set(r.out.split())
+
+
+def help_options(text):
+    """The long options of the lines of an "Options:" section of a help."""
+    section = text.split('\nOptions:\n', 1)[1].split('\n\n', 1)[0]
+    return set(re.findall(r'^ +(?:-[a-zA-Z], )?(--[a-z-]+)', section, re.M))
+
+
+def test_completion(store):
+    """The bash completion offers every command and every option the
+    programs' help lists, for cowbox-store and cowbox, and names from the
+    store."""
+    top = t.run_command([t.tool(), '--help']).out
+    commands = set(re.findall(r'^  ([a-z-]+)', top.split('\nCommands:\n', 1)[1].split('\n\n', 1)[0], re.M))
+    offered = complete(store, '_cowbox_store', ['cowbox-store', ''])
+    t.check(commands and commands <= offered, f'completion of cowbox-store: {sorted(offered)}, not {sorted(commands)}')
+    for args in (['subvolume', 'create'], ['subvolume', 'snapshot'], ['subvolume', 'delete'], ['subvolume', 'list'],
+                 ['mount'], ['usage'], ['reap'], ['scrub'], ['fsck'], ['receive'], ['send'], ['run']):
+        want = help_options(t.run_command([t.tool()] + args + ['--help']).out)
+        offered = complete(store, '_cowbox_store', ['cowbox-store'] + args + ['--'])
+        t.check(want and want <= offered, f'completion of cowbox-store {" ".join(args)} --: {sorted(offered)}, '
+                f'not {sorted(want - offered)}')
+    store.create('completed-name')
+    t.check('completed-name' in complete(store, '_cowbox_store', ['cowbox-store', 'subvolume', 'show', '']),
+            'completion of cowbox-store subvolume show offers no subvolume')
+    store.delete('completed-name')
+
+    text = t.run_command([client(), '--help']).out
+    synopsis = text.split('\n  run ', 1)[1].split(' IMAGE -- ', 1)[0]
+    run_options = set(re.findall(r'--[a-z-]+', synopsis))
+    words = (['cowbox', 'run', '--'], run_options),
+    words += (['cowbox', 'sandbox', 'create', 'x', '--'], run_options - {'--keep', '--name'} | {'--image'}),
+    create = text.split('\n  workspace create ', 1)[1].split('\n  workspace list', 1)[0]
+    words += (['cowbox', 'workspace', 'create', 'x', '--'], set(re.findall(r'--[a-z-]+', create))),
+    for argv, want in words:
+        offered = complete(store, '_cowbox', argv)
+        t.check(len(want) > 2 and want <= offered, f'completion of {" ".join(argv)}: {sorted(offered)}, '
+                f'not {sorted(want - offered)}')
+    t.check_equal(complete(store, '_cowbox', ['cowbox', 'rm', '-']), set(), "completion of 'cowbox rm -'")
+
+
 def test_service_unit(store):
     """contrib/cowboxd.service, as meson installs it, passes systemd-analyze
     verify (which runs man for every man: page it names), and stopping it
@@ -510,6 +561,7 @@ def run():
         sub.run('help', test_help, store)
         sub.run('usage errors of cowbox', test_client_usage, store)
         sub.run('contrib/cowboxd.service', test_service_unit, store)
+        sub.run('bash completion', test_completion, store)
         sub.run('version', test_version, store)
         sub.check()
 
