@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -406,7 +407,12 @@ static int verb_reap(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                         break;
                 case ARG_RATE:
                         rate = optarg;
-                        if (parse_size(rate, &rate_bytes) < 0)
+                        r = parse_size(rate, &rate_bytes);
+                        /* The store keeps it as a signed 64-bit integer. */
+                        if (r == -ERANGE || (r >= 0 && rate_bytes > (uint64_t) INT64_MAX))
+                                return report_usage_error(cmd, "'%s' is too large a rate: at most %" PRIi64
+                                                          " bytes per second", rate, INT64_MAX);
+                        if (r < 0)
                                 return report_usage_error(cmd, "'%s' is not a rate: give bytes per second, "
                                                           "optionally with K, M, G or T (powers of 1024), or "
                                                           "'none'", rate);

@@ -316,7 +316,11 @@ static int verb_set_quota(Tool *tool, const Command *cmd, int argc, char *argv[]
         r = command_check_name(cmd, name);
         if (r != 0)
                 return r;
-        if (parse_size(size, &bytes) < 0 || bytes > (uint64_t) INT64_MAX)
+        r = parse_size(size, &bytes);
+        if (r == -ERANGE || (r >= 0 && bytes > (uint64_t) INT64_MAX))
+                return report_usage_error(cmd, "'%s' is too large a quota: at most %" PRIi64 " bytes", size,
+                                          INT64_MAX);
+        if (r < 0)
                 return report_usage_error(cmd, "'%s' is not a size: give bytes, optionally with K, M, G or T "
                                           "(powers of 1024), or 'none'", size);
 

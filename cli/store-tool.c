@@ -915,7 +915,7 @@ int parse_size(const char *text, uint64_t *ret) {
         errno = 0;
         n = strtoull(text, &end, 10);
         if (errno != 0)
-                return -EINVAL;
+                return errno == ERANGE ? -ERANGE : -EINVAL;
         if (*end == 0) {
                 *ret = n;
                 return 0;

@@ -175,6 +175,17 @@ def test_misuse(store):
                          ('--allow-syscall', 'no_such_call'), ('--allow-syscall', 'read')):
         r = store.run('run', option, name, 'alpha', '--', 'true', expect=2)
         check_mentions(r, name, f'run {option} {name}')
+    # Numbers past what the store keeps (a signed 64-bit integer) are
+    # usage errors that say so, and change nothing.
+    settings = store.json('reap', '--rate', '1M')
+    for args in (['reap', '--rate', '18446744073709551615'], ['reap', '--rate', '99999999999999999999'],
+                 ['reap', '--rate', '8388608T'], ['subvolume', 'set-quota', 'alpha', '18446744073709551615'],
+                 ['subvolume', 'set-quota', 'alpha', '99999999999999999999']):
+        r = store.run(*args, expect=2)
+        check_mentions(r, 'too large', ' '.join(args))
+    t.check_equal(store.json('reap', '--rate', '1M'), settings, 'the reaper settings after refused rates')
+    store.run('reap', '--rate', 'none')
+    t.check_equal(store.show('alpha')['quota_bytes'], 0, 'the quota after refused sizes')
     r = store.run('mount', 'no-such-subvolume', store.new_dir('mnt'), expect='fail')
     check_mentions(r, 'no-such-subvolume', 'mount of a missing subvolume')
     # In the background the server reports it before it leaves, and the
