@@ -539,6 +539,33 @@ def test_service_unit(store):
     t.check(r.code == 0 and not said, f'systemd-analyze verify of cowboxd.service:\n{r.describe()}')
 
 
+def test_install_deps_waits_for_apt(store):
+    """scripts/install-deps on a machine just booted, where apt's daily job
+    holds apt's locks for a while: it waits for them instead of failing."""
+    if os.environ.get('COWBOX_SKIP_INSTALL') == '1':
+        print('SKIP: install-deps: COWBOX_SKIP_INSTALL=1', flush=True)
+        return
+    if os.geteuid() != 0 or not shutil.which('apt-get') or not os.path.isdir('/var/lib/dpkg'):
+        print('SKIP: install-deps: needs root and apt-get', flush=True)
+        return
+    held = []
+    try:
+        for path in ('/var/lib/apt/lists/lock', '/var/lib/dpkg/lock-frontend'):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            held.append(fd)
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+        script = os.path.join(t.source_root(), 'scripts', 'install-deps')
+        p = subprocess.Popen([script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        time.sleep(8)
+    finally:
+        for fd in held:
+            os.close(fd)
+    out, _ = p.communicate(timeout=900)
+    t.check(p.returncode == 0 and 'waiting for it' in out,
+            f'install-deps while another apt held its locks: exit status {p.returncode}:\n{out}')
+
+
 def check_fits(text, what):
     long = [line for line in text.splitlines() if len(line) > 80]
     t.check(not long, f'{what}: lines wider than 80 columns:\n' + '\n'.join(long))
@@ -573,6 +600,7 @@ def run():
         sub.run('usage errors of cowbox', test_client_usage, store)
         sub.run('contrib/cowboxd.service', test_service_unit, store)
         sub.run('bash completion', test_completion, store)
+        sub.run('install-deps waits for apt\'s locks', test_install_deps_waits_for_apt, store)
         sub.run('version', test_version, store)
         sub.check()
 
