@@ -17,6 +17,14 @@
 #include "manager.h"
 #include "runtime.h"
 
+/* The store's own words for its errors (a directory that holds no store,
+ * a format too new, damage), else the errno's. */
+static const char *store_error_text(int r) {
+        const char *text = store_strerror(r);
+
+        return text ? text : strerror(-r);
+}
+
 static void help(void) {
         printf("Usage: cowboxd [--store DIR] [--init] [--reap-low-mark PERCENT]\n"
                "               [--reap-high-mark PERCENT]\n"
@@ -98,7 +106,7 @@ int main(int argc, char *argv[]) {
         if (init) {
                 r = store_init(store);
                 if (r < 0 && r != -EEXIST) {
-                        fprintf(stderr, "cowboxd: cannot create a store at %s: %s\n", store, strerror(-r));
+                        fprintf(stderr, "cowboxd: cannot create a store at %s: %s\n", store, store_error_text(r));
                         return EXIT_FAILURE;
                 }
         }
@@ -111,7 +119,7 @@ int main(int argc, char *argv[]) {
                         "limits will not apply\n", strerror(-r));
         r = manager_new(store, &m);
         if (r < 0) {
-                fprintf(stderr, "cowboxd: cannot open the store at %s: %s%s\n", store, strerror(-r),
+                fprintf(stderr, "cowboxd: cannot open the store at %s: %s%s\n", store, store_error_text(r),
                         r == -ENOENT ? " (create it with --init)" : "");
                 return EXIT_FAILURE;
         }

@@ -518,6 +518,24 @@ def test_completion(store):
     t.check_equal(complete(store, '_cowbox', ['cowbox', 'rm', '-']), set(), "completion of 'cowbox rm -'")
 
 
+def test_daemon_store_errors(store):
+    """cowboxd says what is wrong with a store in the store's own words, as
+    cowbox-store does, not in an errno's ("Protocol error")."""
+    daemon = os.path.join(os.path.dirname(os.path.dirname(t.tool())), 'daemon', 'cowboxd')
+    env = {'DBUS_SYSTEM_BUS_ADDRESS': f'unix:path={store.tmp}/no-bus-here'}
+    full = store.new_dir('daemon-not-empty')
+    t.write_file(os.path.join(full, 'precious'), b'data')
+    r = t.run_command([daemon, '--store', full, '--init'], env=env, expect=1)
+    check_mentions(r, 'not empty and holds no store', 'cowboxd --init of a directory with files')
+    newer = os.path.join(store.new_dir('daemon-newer'), 'store')
+    t.run_command([t.tool(), '--store', newer, 'init'])
+    with sqlite3.connect(os.path.join(newer, 'catalog.db')) as db:
+        db.execute("UPDATE meta SET value = 1000 WHERE key = 'format'")
+    db.close()
+    r = t.run_command([daemon, '--store', newer], env=env, expect=1)
+    check_mentions(r, 'format is newer', 'cowboxd on a store of a newer format')
+
+
 def test_service_unit(store):
     """contrib/cowboxd.service, as meson installs it, passes systemd-analyze
     verify (which runs man for every man: page it names), and stopping it
@@ -599,6 +617,7 @@ def run():
         sub.run('help', test_help, store)
         sub.run('usage errors of cowbox', test_client_usage, store)
         sub.run('contrib/cowboxd.service', test_service_unit, store)
+        sub.run('cowboxd names what is wrong with a store', test_daemon_store_errors, store)
         sub.run('bash completion', test_completion, store)
         sub.run('install-deps waits for apt\'s locks', test_install_deps_waits_for_apt, store)
         sub.run('version', test_version, store)
