@@ -33,16 +33,21 @@ static void help(void) {
                "bus that $DBUS_SYSTEM_BUS_ADDRESS names. Runs until SIGTERM or SIGINT.\n"
                "\n"
                "Options:\n"
-               "  --store DIR   the store (default: $COWBOX_STORE, else " STORE_DEFAULT_PATH ")\n"
-               "  --init        create the store if DIR holds none\n"
-               "  --reap-low-mark PERCENT   below this much free disk, the reaper works at full\n"
-               "                speed (default 10)\n"
-               "  --reap-high-mark PERCENT  ... until this much is free again (default 20)\n"
-               "  --help        show this help\n"
-               "  --version     show the version\n"
+               "  --store DIR                the store (default: $COWBOX_STORE, else\n"
+               "                             " STORE_DEFAULT_PATH ")\n"
+               "  --init                     create the store if DIR holds none\n"
+               "  --reap-low-mark PERCENT    below this much free disk, the reaper works at\n"
+               "                             full speed (default 10)\n"
+               "  --reap-high-mark PERCENT   ... until this much is free again (default 20,\n"
+               "                             or the low mark if that is higher)\n"
+               "  --help                     show this help\n"
+               "  --version                  show the version\n"
                "\n"
                "At start it removes what receives that died left behind and lets the reaper\n"
-               "finish deletions. Control it with the cowbox command or any D-Bus client.\n");
+               "finish deletions. Control it with the cowbox command or any D-Bus client.\n"
+               "\n"
+               "Exit status: 0 after SIGTERM or SIGINT; 1 when the store cannot be opened or\n"
+               "the bus name cannot be had; 2 on bad usage.\n");
 }
 
 int main(int argc, char *argv[]) {
@@ -58,7 +63,7 @@ int main(int argc, char *argv[]) {
         const char *store = getenv("COWBOX_STORE");
         _cleanup_free_ char *error = NULL, *cgroup_base = NULL;
         Manager *m = NULL;
-        bool init = false;
+        bool init = false, high_given = false;
         long low = 10, high = 20;
         int c, r;
 
@@ -75,15 +80,17 @@ int main(int argc, char *argv[]) {
                         char *end = NULL;
                         long v = strtol(optarg, &end, 10);
 
-                        if (!end || *end || v < 0 || v > 100) {
+                        if (!end || end == optarg || *end || v < 0 || v > 100) {
                                 fprintf(stderr, "cowboxd: --reap-low-mark and --reap-high-mark take a percent of "
                                         "the disk, 0 to 100\n");
                                 return 2;
                         }
                         if (c == 'l')
                                 low = v;
-                        else
+                        else {
                                 high = v;
+                                high_given = true;
+                        }
                         break;
                 }
                 case 'h':
@@ -98,6 +105,13 @@ int main(int argc, char *argv[]) {
                 }
         if (optind < argc) {
                 fprintf(stderr, "cowboxd: unexpected argument '%s'; see 'cowboxd --help'\n", argv[optind]);
+                return 2;
+        }
+        /* The high mark given alone, or with the low one, must be above it;
+         * the low mark given alone lifts the default high mark to it. */
+        if (high_given && high < low) {
+                fprintf(stderr, "cowboxd: --reap-high-mark (%ld%%) is below --reap-low-mark (%ld%%); see "
+                        "'cowboxd --help'\n", high, low);
                 return 2;
         }
         if (!store || !*store)

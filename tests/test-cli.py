@@ -536,6 +536,24 @@ def test_daemon_store_errors(store):
     check_mentions(r, 'format is newer', 'cowboxd on a store of a newer format')
 
 
+def test_daemon_usage(store):
+    """cowboxd's usage errors exit 2 before it opens anything: an empty or
+    bad percent, and a high mark below the low one, which it used to raise
+    in silence; a low mark alone lifts the default high mark."""
+    daemon = os.path.join(os.path.dirname(os.path.dirname(t.tool())), 'daemon', 'cowboxd')
+    env = {'DBUS_SYSTEM_BUS_ADDRESS': f'unix:path={store.tmp}/no-bus-here'}
+    missing = os.path.join(store.tmp, 'no-store-for-cowboxd')
+    for args, words in ((['--reap-low-mark', ''], ['0 to 100']), (['--reap-high-mark', '101'], ['0 to 100']),
+                        (['--reap-low-mark', '30', '--reap-high-mark', '20'], ['(20%)', '(30%)', 'below']),
+                        (['--reap-high-mark', '5'], ['(5%)', '(10%)', 'below']), (['extra'], ["'extra'"])):
+        r = t.run_command([daemon, '--store', missing] + args, env=env, expect=2)
+        t.check(all(w in r.err for w in words), f'cowboxd {" ".join(args)} does not say {words}:\n{r.err}')
+    r = t.run_command([daemon, '--store', missing, '--reap-low-mark', '30'], env=env, expect=1)
+    check_mentions(r, '--init', 'cowboxd --reap-low-mark 30 on a missing store')
+    t.check(not os.path.exists(missing), 'cowboxd made a store it was not asked to')
+    t.check('Exit status' in t.run_command([daemon, '--help']).out, 'cowboxd --help gives no exit status')
+
+
 def test_service_unit(store):
     """contrib/cowboxd.service, as meson installs it, passes systemd-analyze
     verify (which runs man for every man: page it names), and stopping it
@@ -618,6 +636,7 @@ def run():
         sub.run('usage errors of cowbox', test_client_usage, store)
         sub.run('contrib/cowboxd.service', test_service_unit, store)
         sub.run('cowboxd names what is wrong with a store', test_daemon_store_errors, store)
+        sub.run('usage errors of cowboxd', test_daemon_usage, store)
         sub.run('bash completion', test_completion, store)
         sub.run('install-deps waits for apt\'s locks', test_install_deps_waits_for_apt, store)
         sub.run('version', test_version, store)
