@@ -34,6 +34,11 @@
 
 static bool arg_json;
 
+/* "cowbox COMMAND --help": prints the help of noun's commands and returns
+ * HELP_SHOWN, which main() turns into exit status 0. */
+#define HELP_SHOWN (-1)
+static int command_help(const char *noun);
+
 /* A task's output is its bytes, NULs too (\u0000 in the daemon's JSON). */
 static json_t *parse_json(const char *text) {
         return json_loads(text, JSON_ALLOW_NUL, NULL);
@@ -544,16 +549,22 @@ static int json_options(json_t *doc, char **ret) {
 }
 
 static int verb_image_receive(int argc, char *argv[]) {
-        static const struct option options[] = { { "file", required_argument, NULL, 'f' }, {} };
+        static const struct option options[] = {
+                { "file", required_argument, NULL, 'f' },
+                { "help", no_argument, NULL, 'h' },
+                {}
+        };
         _cleanup_free_ char *opts = NULL;
         _cleanup_close_ int fd = -EBADF;
         const char *file = NULL;
         int c, r;
 
         reset_getopt();
-        while ((c = getopt_long(argc, argv, ":f:", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, ":hf:", options, NULL)) >= 0)
                 if (c == 'f')
                         file = optarg;
+                else if (c == 'h')
+                        return command_help("image");
                 else
                         return option_error("image receive", c, argc, argv);
         r = need_args(argc, argv, 0, 1, "image receive [-f FILE] [NAME]");
@@ -577,6 +588,7 @@ static int verb_image_send(int argc, char *argv[]) {
                 { "proto", required_argument, NULL, 'P' },
                 { "compressed-data", no_argument, NULL, 'c' },
                 { "zstd", no_argument, NULL, 'z' },
+                { "help", no_argument, NULL, 'h' },
                 {}
         };
         _cleanup_free_ char *opts = NULL;
@@ -587,7 +599,7 @@ static int verb_image_send(int argc, char *argv[]) {
         json_t *doc;
 
         reset_getopt();
-        while ((c = getopt_long(argc, argv, ":p:f:", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, ":hp:f:", options, NULL)) >= 0)
                 switch (c) {
                 case 'p': parent = optarg; break;
                 case 'f': file = optarg; break;
@@ -598,6 +610,7 @@ static int verb_image_send(int argc, char *argv[]) {
                         break;
                 case 'c': compressed = true; break;
                 case 'z': zstd = true; break;
+                case 'h': return command_help("image");
                 default: return option_error("image send", c, argc, argv);
                 }
         if (compressed && version == 1)
@@ -631,14 +644,20 @@ static int verb_image_send(int argc, char *argv[]) {
 }
 
 static int verb_snapshot(int argc, char *argv[]) {
-        static const struct option options[] = { { "read-only", no_argument, NULL, 'r' }, {} };
+        static const struct option options[] = {
+                { "read-only", no_argument, NULL, 'r' },
+                { "help", no_argument, NULL, 'h' },
+                {}
+        };
         bool readonly = false;
         int c, r;
 
         reset_getopt();
-        while ((c = getopt_long(argc, argv, ":r", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, ":hr", options, NULL)) >= 0)
                 if (c == 'r')
                         readonly = true;
+                else if (c == 'h')
+                        return command_help("snapshot");
                 else
                         return option_error("snapshot", c, argc, argv);
         r = need_args(argc, argv, 2, 2, "snapshot [-r] SOURCE NAME");
@@ -664,12 +683,16 @@ static const char *synopsis_command(const char *synopsis, char *buf, size_t size
 
 /* A command without options: checks that, and its number of arguments. */
 static int verb_options_none(int argc, char *argv[], const char *synopsis) {
-        static const struct option none[] = { {} };
+        static const struct option help[] = { { "help", no_argument, NULL, 'h' }, {} };
         char command[64];
         int c;
 
         reset_getopt();
-        c = getopt_long(argc, argv, ":", none, NULL);
+        c = getopt_long(argc, argv, ":h", help, NULL);
+        if (c == 'h') {
+                snprintf(command, sizeof command, "%.*s", (int) strcspn(synopsis, " "), synopsis);
+                return command_help(command);
+        }
         if (c >= 0)
                 return option_error(synopsis_command(synopsis, command, sizeof command), c, argc, argv);
         return 0;
@@ -716,6 +739,7 @@ static int verb_workspace_create(int argc, char *argv[]) {
                 { "owner", required_argument, NULL, 'o' },
                 { "limit", required_argument, NULL, 'l' },
                 { "path", required_argument, NULL, 'p' },
+                { "help", no_argument, NULL, 'h' },
                 {}
         };
         _cleanup_free_ char *opts = NULL;
@@ -724,8 +748,11 @@ static int verb_workspace_create(int argc, char *argv[]) {
         int c, r;
 
         reset_getopt();
-        while ((c = getopt_long(argc, argv, ":", options, NULL)) >= 0)
+        while ((c = getopt_long(argc, argv, ":h", options, NULL)) >= 0)
                 switch (c) {
+                case 'h':
+                        json_decref(doc);
+                        return command_help("workspace");
                 case 'i': json_object_set_new(doc, "image", json_string(optarg)); break;
                 case 'o': json_object_set_new(doc, "owner", json_string(optarg)); break;
                 case 'p': json_object_set_new(doc, "path", json_string(optarg)); break;
@@ -760,6 +787,8 @@ static int verb_workspace(int argc, char *argv[]) {
                 return usage_error("no workspace command given; give one of create, list, show, checkpoint, "
                                    "checkpoints, restore, set-limit, rm");
         argc--, argv++;
+        if (streq(verb, "--help") || streq(verb, "-h"))
+                return command_help("workspace");
         if (streq(verb, "create"))
                 return verb_workspace_create(argc, argv);
         if (streq(verb, "list"))
@@ -778,8 +807,9 @@ static int verb_workspace(int argc, char *argv[]) {
                 return verb_simple(argc, argv, 2, "workspace restore NAME LABEL") ?:
                        call_void("RestoreWorkspace", "Workspace restored.", "ss", argv[optind], argv[optind + 1]);
         if (streq(verb, "set-limit")) {
-                if (verb_simple(argc, argv, 2, "workspace set-limit NAME SIZE"))
-                        return EXIT_USAGE;
+                int r = verb_simple(argc, argv, 2, "workspace set-limit NAME SIZE");
+                if (r != 0)
+                        return r;
                 if (parse_size(argv[optind + 1], &limit) < 0)
                         return usage_error("'%s' is not a size (e.g. 20G, or none)", argv[optind + 1]);
                 return call_void("SetWorkspaceLimit", "Limit set.", "st", argv[optind], limit);
@@ -788,9 +818,10 @@ static int verb_workspace(int argc, char *argv[]) {
                 char stamp[32];
                 const char *label = stamp;
 
-                if (verb_options_none(argc, argv, "workspace checkpoint NAME [LABEL]") ||
-                    need_args(argc, argv, 1, 2, "workspace checkpoint NAME [LABEL]"))
-                        return EXIT_USAGE;
+                int r = verb_options_none(argc, argv, "workspace checkpoint NAME [LABEL]") ?:
+                        need_args(argc, argv, 1, 2, "workspace checkpoint NAME [LABEL]");
+                if (r != 0)
+                        return r;
                 if (optind + 1 < argc)
                         label = argv[optind + 1];       /* checked by the daemon */
                 else {
@@ -832,6 +863,7 @@ static int parse_task_options(int argc, char *argv[], json_t *doc, const char **
                 { "io-weight", required_argument, NULL, 'G' },
                 { "io-latency-us", required_argument, NULL, 'L' },
                 { "image", required_argument, NULL, 'i' },
+                { "help", no_argument, NULL, 'h' },
                 {}
         };
         static const struct { int id; const char *key; bool size; } numeric[] = {
@@ -844,9 +876,11 @@ static int parse_task_options(int argc, char *argv[], json_t *doc, const char **
         int c;
 
         reset_getopt();
-        while ((c = getopt_long(argc, argv, "+:", options, NULL)) >= 0) {
+        while ((c = getopt_long(argc, argv, "+:h", options, NULL)) >= 0) {
                 bool known = false;
 
+                if (c == 'h')
+                        return command_help(image ? "sandbox" : "run");
                 if (c == 'w')
                         json_object_set_new(doc, "workdir", json_string(optarg)), known = true;
                 else if (c == 'k' && !image)
@@ -1013,7 +1047,9 @@ static int verb_sandbox_create(int argc, char *argv[]) {
         int r;
 
         /* NAME comes first: the options follow it. */
-        if (!name || name[0] == '-')
+        if (name && (streq(name, "--help") || streq(name, "-h")))
+                r = command_help("sandbox");
+        else if (!name || name[0] == '-')
                 r = usage_error("give the sandbox's name first: sandbox create NAME --image IMAGE [LIMITS] -- "
                                 "COMMAND [ARG...]");
         else
@@ -1126,6 +1162,8 @@ static int verb_sandbox(int argc, char *argv[]) {
                 return usage_error("no sandbox command given; give one of create, start, wait, kill, rm, list, "
                                    "show");
         argc--, argv++;
+        if (streq(verb, "--help") || streq(verb, "-h"))
+                return command_help("sandbox");
         if (streq(verb, "create"))
                 return verb_sandbox_create(argc, argv);
         if (streq(verb, "list"))
@@ -1134,8 +1172,9 @@ static int verb_sandbox(int argc, char *argv[]) {
         if (streq(verb, "show"))
                 return verb_simple(argc, argv, 1, "sandbox show NAME") ?: verb_sandbox_show(argv[optind]);
         if (streq(verb, "start")) {
-                if (verb_simple(argc, argv, 1, "sandbox start NAME"))
-                        return EXIT_USAGE;
+                int r = verb_simple(argc, argv, 1, "sandbox start NAME");
+                if (r != 0)
+                        return r;
                 return call_void("StartSandbox", "Sandbox started.", "s", argv[optind]);
         }
         if (streq(verb, "wait"))
@@ -1168,81 +1207,107 @@ static int verb_scrub(void) {
         return damaged ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
+/* The help's sections of commands; "cowbox COMMAND --help" prints the one
+ * of its command, the nouns named first. */
+static const struct {
+        const char *nouns;
+        const char *text;
+} help_sections[] = {
+        { " image ",
+          "Images (read-only subvolumes, from btrfs send streams):\n"
+          "  image receive [-f FILE] [NAME]    receive a stream (file or standard input)\n"
+          "  image send [-p PARENT] [-f FILE] [--proto 1|2] [--compressed-data]\n"
+          "             [--zstd] IMAGE\n"
+          "                                    write a stream (file or standard output)\n"
+          "  image list                        list the images\n"
+          "  image show NAME                   show one image\n"
+          "  image rename NAME NEW-NAME        rename an image\n"
+          "  image rm NAME                     remove an image (the reaper frees it)\n" },
+        { " list show snapshot rm ",
+          "Subvolumes:\n"
+          "  list                              list every subvolume\n"
+          "  show NAME                         show one\n"
+          "  snapshot [-r] SOURCE NAME         snapshot SOURCE (read-only with -r)\n"
+          "  rm NAME                           delete a subvolume (the reaper frees it)\n" },
+        { " run ",
+          "Tasks:\n"
+          "  run [--workdir PATH] [--keep] [--timeout SECONDS] [--memory-max SIZE]\n"
+          "      [--disk-max SIZE] [--pids-max N] [--cpu PERCENT] [--io-read-bps SIZE]\n"
+          "      [--io-write-bps SIZE] [--io-weight N] [--io-latency-us N] [--name NAME]\n"
+          "      IMAGE -- COMMAND [ARG...]\n"
+          "                                    snapshot IMAGE, run COMMAND in a sandbox\n"
+          "                                    in it, report, delete the snapshot; exit\n"
+          "                                    with the command's status\n" },
+        { " sandbox ",
+          "Sandboxes (a snapshot, a command and its limits, run when asked):\n"
+          "  sandbox create NAME --image IMAGE [LIMITS] -- COMMAND [ARG...]\n"
+          "                                    LIMITS: the options of run but --keep and\n"
+          "                                    --name (its snapshot is sbx-NAME)\n"
+          "  sandbox start NAME                start its command (again) in its snapshot\n"
+          "  sandbox wait NAME                 wait for it; report; exit with its status\n"
+          "  sandbox kill NAME                 kill its task\n"
+          "  sandbox rm NAME                   delete it with its snapshot\n"
+          "  sandbox list                      list them with their state\n"
+          "  sandbox show NAME                 show one: its command, state and last exit\n" },
+        { " workspace ",
+          "Workspaces (a developer's writable snapshot of an image, mounted, limited):\n"
+          "  workspace create NAME --image IMAGE [--owner USER] [--limit SIZE]\n"
+          "                   [--path PATH]\n"
+          "  workspace list | show NAME         list them, or show one with its space\n"
+          "  workspace checkpoint NAME [LABEL]  a read-only snapshot to go back to\n"
+          "  workspace checkpoints NAME         list the checkpoints\n"
+          "  workspace restore NAME LABEL       return to a checkpoint (later work is lost)\n"
+          "  workspace set-limit NAME SIZE      change the limit (e.g. 20G, or none)\n"
+          "  workspace rm NAME                  unmount and remove it with its checkpoints\n" },
+        { " status scrub reap jobs cancel ",
+          "The store:\n"
+          "  status                            space, reaper backlog, corruption, jobs\n"
+          "  scrub                             verify every block (exit 1 if any damaged)\n"
+          "  reap                              free what deleted subvolumes held, now\n"
+          "  jobs                              list running jobs\n"
+          "  cancel ID                         cancel a job\n" },
+};
+
+static void help_footer(void) {
+        fputs("\n"
+              "Options:\n"
+              "  --json      print results as JSON (the daemon's documents, as they are)\n"
+              "  --help      show this help; after a command, the help of its commands\n"
+              "  --version   show the version\n"
+              "\n"
+              "Long work (receive, send, scrub, reap) shows its progress on a terminal.\n"
+              "\n"
+              "Exit status: 0 done; 1 failed (the message says why); 2 bad usage;\n"
+              "69 cowboxd or the bus cannot be reached, or cowboxd went away during a job\n"
+              "or a sandbox wait.\n", stdout);
+}
+
 static void help(void) {
-        printf("Usage: " PROGRAM " [--json] COMMAND [ARGS...]\n"
-               "\n"
-               "The client of cowboxd, which owns a copy-on-write store of images and\n"
-               "subvolumes. It talks to cowboxd on the system bus (or the bus that\n"
-               "$DBUS_SYSTEM_BUS_ADDRESS names). Changes need root or the group '" API_GROUP "'.\n"
-               "\n"
-               "Images (read-only subvolumes, from btrfs send streams):\n"
-               "  image receive [-f FILE] [NAME]    receive a stream (file or standard input)\n"
-               "  image send [-p PARENT] [-f FILE] [--proto 1|2] [--compressed-data]\n"
-               "             [--zstd] IMAGE\n"
-               "                                    write a stream (file or standard output)\n"
-               "  image list                        list the images\n"
-               "  image show NAME                   show one image\n"
-               "  image rename NAME NEW-NAME        rename an image\n"
-               "  image rm NAME                     remove an image (the reaper frees it)\n"
-               "\n"
-               "Subvolumes:\n"
-               "  list                              list every subvolume\n"
-               "  show NAME                         show one\n"
-               "  snapshot [-r] SOURCE NAME         snapshot SOURCE (read-only with -r)\n"
-               "  rm NAME                           delete a subvolume (the reaper frees it)\n"
-               "\n"
-               "Tasks:\n"
-               "  run [--workdir PATH] [--keep] [--timeout SECONDS] [--memory-max SIZE]\n"
-               "      [--disk-max SIZE] [--pids-max N] [--cpu PERCENT] [--io-read-bps SIZE]\n"
-               "      [--io-write-bps SIZE] [--io-weight N] [--io-latency-us N] [--name NAME]\n"
-               "      IMAGE -- COMMAND [ARG...]\n"
-               "                                    snapshot IMAGE, run COMMAND in a sandbox\n"
-               "                                    in it, report, delete the snapshot; exit\n"
-               "                                    with the command's status\n"
-               "\n"
-               "Sandboxes (a snapshot, a command and its limits, run when asked):\n"
-               "  sandbox create NAME --image IMAGE [LIMITS] -- COMMAND [ARG...]\n"
-               "                                    LIMITS: the options of run but --keep and\n"
-               "                                    --name (its snapshot is sbx-NAME)\n"
-               "  sandbox start NAME                start its command (again) in its snapshot\n"
-               "  sandbox wait NAME                 wait for it; report; exit with its status\n"
-               "  sandbox kill NAME                 kill its task\n"
-               "  sandbox rm NAME                   delete it with its snapshot\n"
-               "  sandbox list                      list them with their state\n"
-               "  sandbox show NAME                 show one: its command, state and last exit\n"
-               "\n"
-               "Workspaces (a developer's writable snapshot of an image, mounted, limited):\n"
-               "  workspace create NAME --image IMAGE [--owner USER] [--limit SIZE]\n"
-               "                   [--path PATH]\n"
-               "  workspace list | show NAME         list them, or show one with its space\n"
-               "  workspace checkpoint NAME [LABEL]  a read-only snapshot to go back to\n"
-               "  workspace checkpoints NAME         list the checkpoints\n"
-               "  workspace restore NAME LABEL       return to a checkpoint (later work is lost)\n"
-               "  workspace set-limit NAME SIZE      change the limit (e.g. 20G, or none)\n"
-               "  workspace rm NAME                  unmount and remove it with its checkpoints\n"
-               "\n"
-               "The store:\n"
-               "  status                            space, reaper backlog, corruption, jobs\n"
-               "  scrub                             verify every block (exit 1 if any damaged)\n"
-               "  reap                              free what deleted subvolumes held, now\n"
-               "  jobs                              list running jobs\n"
-               "  cancel ID                         cancel a job\n"
-               "\n"
-               "Options:\n"
-               "  --json      print results as JSON (the daemon's documents, as they are)\n"
-               "  --help      show this help\n"
-               "  --version   show the version\n"
-               "\n"
-               "Long work (receive, send, scrub, reap) shows its progress on a terminal.\n"
-               "\n"
-               "Exit status: 0 done; 1 failed (the message says why); 2 bad usage;\n"
-               "69 cowboxd or the bus cannot be reached, or cowboxd went away during a job\n"
-               "or a sandbox wait.\n"
-               "\n"
-               "Examples:\n"
-               "  btrfs send /mnt/images/base | " PROGRAM " image receive\n"
-               "  " PROGRAM " snapshot base patch-1234 && ... && " PROGRAM " rm patch-1234\n"
-               "  " PROGRAM " --json status\n");
+        fputs("Usage: " PROGRAM " [--json] COMMAND [ARGS...]\n"
+              "\n"
+              "The client of cowboxd, which owns a copy-on-write store of images and\n"
+              "subvolumes. It talks to cowboxd on the system bus (or the bus that\n"
+              "$DBUS_SYSTEM_BUS_ADDRESS names). Changes need root or the group '" API_GROUP "'.\n", stdout);
+        for (size_t i = 0; i < ELEMENTSOF(help_sections); i++)
+                printf("\n%s", help_sections[i].text);
+        help_footer();
+        fputs("\n"
+              "Examples:\n"
+              "  btrfs send /mnt/images/base | " PROGRAM " image receive\n"
+              "  " PROGRAM " snapshot base patch-1234 && ... && " PROGRAM " rm patch-1234\n"
+              "  " PROGRAM " --json status\n", stdout);
+}
+
+static int command_help(const char *noun) {
+        char word[64];
+
+        snprintf(word, sizeof word, " %s ", noun);
+        printf("Usage: " PROGRAM " [--json] %s ...\n", noun);
+        for (size_t i = 0; i < ELEMENTSOF(help_sections); i++)
+                if (strstr(help_sections[i].nouns, word))
+                        printf("\n%s", help_sections[i].text);
+        help_footer();
+        return HELP_SHOWN;
 }
 
 static int dispatch(int argc, char *argv[]) {
@@ -1255,6 +1320,8 @@ static int dispatch(int argc, char *argv[]) {
                         return usage_error("no image command given; give one of receive, send, list, show, rename, "
                                            "rm");
                 argc--, argv++;
+                if (streq(verb, "--help") || streq(verb, "-h"))
+                        return command_help("image");
                 if (streq(verb, "receive"))
                         return verb_image_receive(argc, argv);
                 if (streq(verb, "send"))
@@ -1301,8 +1368,9 @@ static int dispatch(int argc, char *argv[]) {
                 char *end = NULL;
                 unsigned long id;
 
-                if (verb_simple(argc, argv, 1, "cancel ID"))
-                        return EXIT_USAGE;
+                int r = verb_simple(argc, argv, 1, "cancel ID");
+                if (r != 0)
+                        return r;
                 id = strtoul(argv[optind], &end, 10);
                 if (!end || *end || id == 0 || id > UINT32_MAX)
                         return usage_error("'%s' is not a job id", argv[optind]);
@@ -1312,7 +1380,7 @@ static int dispatch(int argc, char *argv[]) {
 }
 
 int main(int argc, char *argv[]) {
-        int i;
+        int i, r;
 
         /* Global options come before the command. */
         for (i = 1; i < argc && argv[i][0] == '-'; i++) {
@@ -1329,5 +1397,6 @@ int main(int argc, char *argv[]) {
         }
         if (i >= argc)
                 return usage_error("no command given");
-        return dispatch(argc - i, argv + i);
+        r = dispatch(argc - i, argv + i);
+        return r == HELP_SHOWN ? EXIT_SUCCESS : r;
 }

@@ -448,7 +448,7 @@ def test_client_usage(store):
         (['image', 'send', '--proto'], ["'image send'", "'--proto'", 'needs a value']),
         (['image', 'receive', '-x'], ["'image receive'", "'-x'"]),
         (['snapshot', '-rz', 'a', 'b'], ["'snapshot'", "'-z'"]),
-        (['workspace', 'show', '--help'], ["'workspace show'", "'--help'"]),
+        (['workspace', 'show', '--frobnicate'], ["'workspace show'", "'--frobnicate'"]),
         (['workspace', 'checkpoint', '-q', 'ws'], ["'workspace checkpoint'", "'-q'"]),
         (['workspace', 'create', 'ws', '--image', 'base', '--limit'], ["'workspace create'", "'--limit'"]),
         (['sandbox', 'create', 'x', '--image', 'base', '--frobnicate', '--', 'true'],
@@ -602,6 +602,29 @@ def test_install_deps_waits_for_apt(store):
             f'install-deps while another apt held its locks: exit status {p.returncode}:\n{out}')
 
 
+def test_client_help(store):
+    """'cowbox COMMAND --help' (also after some options) prints the help of
+    that command's group on standard output and exits 0, without the bus;
+    after a task's image, --help is the task's."""
+    env = {'DBUS_SYSTEM_BUS_ADDRESS': f'unix:path={store.tmp}/no-bus-here'}
+    for argv, section in ((['image', '--help'], 'image receive'), (['image', 'send', '-h'], 'image send'),
+                          (['image', 'receive', '--help'], 'image receive'), (['list', '--help'], 'snapshot'),
+                          (['snapshot', '-r', '--help'], 'snapshot [-r]'), (['rm', '--help'], 'rm NAME'),
+                          (['run', '--help'], 'run [--workdir'), (['run', '--timeout', '5', '--help'], 'IMAGE --'),
+                          (['sandbox', '--help'], 'sandbox create'), (['sandbox', 'create', '--help'], 'LIMITS'),
+                          (['sandbox', 'create', 'x', '--image', 'base', '--help'], 'sandbox start'),
+                          (['sandbox', 'wait', '--help'], 'sandbox wait'), (['workspace', '-h'], 'set-limit'),
+                          (['workspace', 'create', '--help'], '--owner'),
+                          (['workspace', 'checkpoint', '--help'], 'checkpoint NAME'),
+                          (['status', '--help'], 'scrub'), (['cancel', '--help'], 'cancel ID')):
+        r = t.run_command([client()] + argv, env=env)
+        t.check(r.out.startswith(f'Usage: cowbox [--json] {argv[0]} ') and section in r.out and 'Exit status' in r.out,
+                f'cowbox {" ".join(argv)}: no help of its commands:\n{r.describe()}')
+        check_fits(r.out, f'cowbox {" ".join(argv)}')
+    # The task's own --help: run goes on to the (absent) bus.
+    t.run_command([client(), 'run', 'base', 'ls', '--help'], env=env, expect=69)
+
+
 def check_fits(text, what):
     long = [line for line in text.splitlines() if len(line) > 80]
     t.check(not long, f'{what}: lines wider than 80 columns:\n' + '\n'.join(long))
@@ -634,6 +657,7 @@ def run():
         sub.run('lock files of forgotten subvolumes', test_lock_files_pruned, store)
         sub.run('help', test_help, store)
         sub.run('usage errors of cowbox', test_client_usage, store)
+        sub.run('help of cowbox\'s commands', test_client_help, store)
         sub.run('contrib/cowboxd.service', test_service_unit, store)
         sub.run('cowboxd names what is wrong with a store', test_daemon_store_errors, store)
         sub.run('usage errors of cowboxd', test_daemon_usage, store)
