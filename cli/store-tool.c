@@ -804,6 +804,11 @@ static int run_help(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         const Command *const *table = commands;
         const Command *found = NULL;
 
+        for (int i = 1; i < argc; i++)
+                if (streq(argv[i], "--help") || streq(argv[i], "-h")) {
+                        command_help(cmd);
+                        return EXIT_SUCCESS;
+                }
         for (int i = 1; i < argc; i++) {
                 if (!table)
                         return report_usage_error(NULL, "'%s' has no commands of its own", found->name);

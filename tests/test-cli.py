@@ -413,7 +413,7 @@ def test_help(store):
     commands = [
         [], ['init'], ['subvolume'], ['subvolume', 'create'], ['subvolume', 'snapshot'],
         ['subvolume', 'delete'], ['subvolume', 'list'], ['subvolume', 'show'], ['subvolume', 'set-quota'],
-        ['mount'], ['usage'], ['reap'], ['scrub'], ['fsck'], ['receive'], ['send'], ['run'],
+        ['mount'], ['usage'], ['reap'], ['scrub'], ['fsck'], ['receive'], ['send'], ['run'], ['help'],
     ]
     missing = os.path.join(store.tmp, 'no-store-for-help')
     for args in commands:
