@@ -147,6 +147,8 @@ int main(int argc, char *argv[]) {
                 else
                         fprintf(stderr, "cowboxd: cannot serve on the bus: %s%s\n", strerror(-r),
                                 r == -EEXIST ? " (another cowboxd has the name " API_SERVICE ")" :
+                                r == -EACCES || r == -EPERM ? " (the bus's policy does not let it own " API_SERVICE
+                                ": install contrib/org.cowbox1.conf into /etc/dbus-1/system.d and reload the bus)" :
                                 r == -ENOENT || r == -ECONNREFUSED ? " (no system bus; set "
                                 "DBUS_SYSTEM_BUS_ADDRESS)" : "");
                 manager_free(m);

@@ -63,7 +63,8 @@ def require_dbus():
 
 class Bus:
     """A private dbus-daemon of type system; policy 'contrib' includes the
-    project's bus policy, 'open' lets everyone call everything."""
+    project's bus policy, 'open' lets everyone call everything, 'none' is a
+    system bus's own policy alone (the project's not installed)."""
 
     def __init__(self, store, policy='contrib'):
         self.dir = store.new_dir('bus')
@@ -73,6 +74,8 @@ class Bus:
             # group that does not exist when it reads them.
             ensure_group(POLICY_GROUP)
             text = f'<include>{os.path.join(t.source_root(), "contrib", "org.cowbox1.conf")}</include>'
+        elif policy == 'none':
+            text = ''
         else:
             text = OPEN_POLICY
         self.config = os.path.join(self.dir, 'bus.conf')

@@ -206,6 +206,19 @@ def check_receive_progress(bus, store):
     d.cowbox(bus, 'image', 'rm', 'progress-copy')
 
 
+def check_bus_without_policy(store):
+    """A system bus without cowbox's policy installed (a machine where
+    'meson install' has not run): cowboxd says what to install."""
+    with t.Store('no-policy') as other:
+        bus = d.Bus(other, 'none')
+        try:
+            r = t.run_command([d.daemon_exe(), '--store', other.path], env=bus.env, expect=1, timeout=60)
+            t.check('org.cowbox1.conf' in r.err and 'policy' in r.err,
+                    f'cowboxd on a bus that does not let it own its name:\n{r.describe()}')
+        finally:
+            bus.stop()
+
+
 def check_bad_arguments(bus, store):
     before = d.names(bus)
     cases = [
@@ -561,6 +574,7 @@ def run():
             nobody = check_access(bus, store)
         check_daemon_refuses(store, nobody)
         check_reaper_marks(store)
+        check_bus_without_policy(store)
         check_many_subvolumes(store)
 
         # Everything goes; the reaper gives the space back.
