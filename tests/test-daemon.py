@@ -208,13 +208,25 @@ def check_receive_progress(bus, store):
 
 def check_bus_without_policy(store):
     """A system bus without cowbox's policy installed (a machine where
-    'meson install' has not run): cowboxd says what to install."""
+    'meson install' has not run): cowboxd says what to install, and
+    scripts/run-demo, which the README gives as the first thing to try,
+    goes on with a private bus of its own."""
     with t.Store('no-policy') as other:
         bus = d.Bus(other, 'none')
         try:
             r = t.run_command([d.daemon_exe(), '--store', other.path], env=bus.env, expect=1, timeout=60)
             t.check('org.cowbox1.conf' in r.err and 'policy' in r.err,
                     f'cowboxd on a bus that does not let it own its name:\n{r.describe()}')
+            if not os.path.exists(os.path.join(t.source_root(), 'build', 'build.ninja')):
+                print('SKIP: run-demo: no build/ in the checkout for it to use', flush=True)
+                return
+            source = other.new_dir('demo-source')
+            t.write_file(os.path.join(source, 'stdio.h'), b'int printf(const char *, ...);\n')
+            r = t.run_command([os.path.join(t.source_root(), 'scripts', 'run-demo')], timeout=600,
+                              env=dict(bus.env, COWBOX_SKIP_INSTALL='1', COWBOX_DEMO_SOURCE=source,
+                                       COWBOX_DEMO_TASKS='2', COWBOX_DEMO_DIR=other.new_dir('demo')))
+            t.check('a private one at' in r.out and 'patch 2: sees 1 patch line' in r.out,
+                    f'run-demo on a system bus without the policy:\n{r.describe()}')
         finally:
             bus.stop()
 
