@@ -554,6 +554,40 @@ def test_daemon_usage(store):
     t.check('Exit status' in t.run_command([daemon, '--help']).out, 'cowboxd --help gives no exit status')
 
 
+def bus_policy_dirs():
+    """The directories the system bus reads policies from (its includedir
+    elements; relative ones are relative to its configuration)."""
+    config = '/usr/share/dbus-1/system.conf'
+    if not os.path.exists(config):
+        return {'/usr/share/dbus-1/system.d', '/etc/dbus-1/system.d'}
+    dirs = re.findall(r'<includedir>([^<]+)</includedir>', open(config).read())
+    return {os.path.normpath(os.path.join(os.path.dirname(config), d)) for d in dirs}
+
+
+def test_install(store):
+    """'meson install' puts contrib/ where the system reads it, whatever the
+    prefix: the bus policy in a directory the system bus reads, the unit
+    and the completions of both programs."""
+    if not shutil.which('meson'):
+        print('SKIP: meson install: no meson here', flush=True)
+        return
+    root = store.new_dir('install')
+    build = os.path.dirname(os.path.dirname(t.tool()))
+    t.run_command(['meson', 'install', '-C', build, '--destdir', root, '--no-rebuild', '--quiet'])
+    installed = {}
+    for top, _, files in os.walk(root):
+        for name in files:
+            installed.setdefault(name, []).append('/' + os.path.relpath(top, root))
+    policy = installed.get('org.cowbox1.conf', [])
+    t.check(len(policy) == 1 and policy[0] in bus_policy_dirs(),
+            f'the bus policy is installed in {policy}, where the system bus reads none: it reads {bus_policy_dirs()}')
+    t.check(any(d.endswith('/systemd/system') for d in installed.get('cowboxd.service', [])),
+            f'the unit is installed in {installed.get("cowboxd.service")}')
+    for program in ('cowbox', 'cowbox-store'):
+        t.check(any(d.endswith('/bash-completion/completions') for d in installed.get(program, [])),
+                f'no bash completion of {program} installed: {installed.get(program)}')
+
+
 def test_service_unit(store):
     """contrib/cowboxd.service, as meson installs it, passes systemd-analyze
     verify (which runs man for every man: page it names), and stopping it
@@ -659,6 +693,7 @@ def run():
         sub.run('usage errors of cowbox', test_client_usage, store)
         sub.run('help of cowbox\'s commands', test_client_help, store)
         sub.run('contrib/cowboxd.service', test_service_unit, store)
+        sub.run('meson install', test_install, store)
         sub.run('cowboxd names what is wrong with a store', test_daemon_store_errors, store)
         sub.run('usage errors of cowboxd', test_daemon_usage, store)
         sub.run('bash completion', test_completion, store)
