@@ -1115,8 +1115,13 @@ static int verb_sandbox_wait(const char *name) {
         doc = parse_json(text);
         result = json_object_get(doc, "result");
         if (!json_is_object(result) || run_error(result)) {
-                r = run_error(result) ? fail("sandbox '%s' failed: %s", name, run_error(result))
-                                      : fail("sandbox '%s' %s without a result", name, str(doc, "state"));
+                if (run_error(result))
+                        r = fail("sandbox '%s' failed: %s", name, run_error(result));
+                else if (streq(str(doc, "state"), "created"))
+                        r = fail("sandbox '%s' has not been started: start it with '" PROGRAM " sandbox start %s'",
+                                 name, name);
+                else
+                        r = fail("sandbox '%s' %s without a result", name, str(doc, "state"));
                 json_decref(doc);
                 return r;
         }

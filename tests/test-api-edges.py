@@ -365,6 +365,15 @@ def check_signals(bus):
         t.check(f".{member} ('{name}'," in out, f'{member} of {name}:\n{out}')
 
 
+def check_wait_unstarted(bus):
+    """Waiting for a sandbox never started says to start it."""
+    d.cowbox(bus, 'sandbox', 'create', 'unstarted', '--image', 'base', '--workdir', WORKDIR, '--', '/bin/true')
+    r = d.cowbox(bus, 'sandbox', 'wait', 'unstarted', expect=1)
+    t.check("has not been started" in r.err and "cowbox sandbox start unstarted" in r.err,
+            f'cowbox sandbox wait of a sandbox never started:\n{r.err}')
+    d.cowbox(bus, 'sandbox', 'rm', 'unstarted')
+
+
 def check_client_usage(bus, daemon):
     """The client's usage errors say what is wrong (exit status 2), and a
     wait whose daemon goes away exits with 69, as for a daemon that is not
@@ -683,6 +692,7 @@ def run():
             check_job_text_not_utf8(bus, store)
             check_kill_after_end(bus, daemon)
             check_sandbox_run_killed_with_daemon(bus, daemon)
+            check_wait_unstarted(bus)
             check_client_usage(bus, daemon)
 
 
