@@ -330,6 +330,16 @@ int method_run_task(sd_bus_message *message, void *userdata, sd_bus_error *error
         if (r >= 0)
                 r = manager_check_caller(message, error);
         if (r >= 0) {
+                /* A missing image is refused at the call, as CreateSandbox
+                 * refuses it, not by a job that fails at once. */
+                StoreSubvolumeInfo info = {};
+
+                r = store_subvolume_show(m->store, source, &info);
+                store_subvolume_info_clear(&info);
+                if (r < 0)
+                        r = store_error_reply(r, source, error);
+        }
+        if (r >= 0) {
                 r = task_start(m, source, argv, opts, false, &j);
                 /* A task belongs to its caller: when the caller is gone, the
                  * task and its snapshot go too. */

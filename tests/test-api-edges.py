@@ -121,6 +121,11 @@ def check_task_options(bus):
             what='with a huge cpu')
     d.cowbox(bus, 'run', '--cpu', str(huge), '--workdir', WORKDIR, 'base', '--', '/bin/true', expect=1)
     d.cowbox(bus, 'run', '--cpu', '50', '--workdir', WORKDIR, 'base', '--', '/bin/true')
+    # An image that is not there, like CreateSandbox's.
+    refused(bus, 'RunTask', 'no-such-image', "['/bin/true']", '{}', error='org.cowbox1.Error.NoSuchSubvolume',
+            what='of a missing image')
+    r = d.cowbox(bus, 'run', '--workdir', WORKDIR, 'no-such-image', '--', '/bin/true', expect=1)
+    t.check("'no-such-image'" in r.err and 'sandbox-' not in r.err, f'cowbox run of a missing image:\n{r.err}')
 
     for opts, key in (({'userns_base': 4294901760}, 'userns'),       # 2^32 - 65536: the default size is too many
                       ({'userns_base': 4000000000, 'userns_size': 300000000}, 'userns'),
