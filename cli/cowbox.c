@@ -537,6 +537,9 @@ static int option_error(const char *command, int c, int argc, char *argv[]) {
         }
         if (c == ':')
                 return usage_error("option '%s' of '%s' needs a value", arg, command);
+        /* A flag given a value ("--keep=yes"): getopt names the flag. */
+        if (optopt > 0 && startswith(arg, "--") && strchr(arg, '='))
+                return usage_error("option '%.*s' of '%s' takes no value", (int) strcspn(arg, "="), arg, command);
         if (streq(arg, "--json"))
                 return usage_error("--json goes before the command: " PROGRAM " --json %s", command);
         return usage_error("'%s' has no option '%.*s'", command, (int) strcspn(arg, "="), arg);

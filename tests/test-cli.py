@@ -442,6 +442,8 @@ def test_client_usage(store):
         (['list', '-x'], ["'list'", "'-x'"]),
         (['run', '--frobnicate', 'base', '--', 'true'], ["'run'", "'--frobnicate'"]),
         (['run', '--timeout=5', '--bogus=3', 'base', '--', 'true'], ["'run'", "'--bogus'"]),
+        (['run', '--keep=yes', 'base', '--', 'true'], ["'run'", "'--keep'", 'takes no value']),
+        (['snapshot', '--read-only=1', 'a', 'b'], ["'snapshot'", "'--read-only'", 'takes no value']),
         (['run', '--timeout'], ["'run'", "'--timeout'", 'needs a value']),
         (['image', 'send', '--bogus', 'base'], ["'image send'", "'--bogus'"]),
         (['image', 'send', '-f'], ["'image send'", "'-f'", 'needs a value']),
