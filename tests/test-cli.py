@@ -603,6 +603,14 @@ def test_service_unit(store):
     service = source.split('[Service]', 1)[1].split('\n[', 1)[0]
     kill_modes = re.findall(r'^KillMode=(.*)$', service, re.M)
     t.check_equal(kill_modes, ['process'], 'the KillMode of cowboxd.service')
+    # Settings that give the service a mount namespace of its own (systemd's
+    # exec_needs_mount_namespace()), where its FUSE mounts would stay, or a
+    # device policy that shuts /dev/fuse.
+    private = re.findall(r'^((?:Protect(?:System|Home|KernelTunables|KernelModules|KernelLogs|ControlGroups|Proc|'
+                         r'Hostname|Clock)|Private(?:Tmp|Devices|Mounts|IPC)|ProcSubset|(?:ReadWrite|ReadOnly|'
+                         r'Inaccessible|Exec|NoExec)Paths|Bind(?:ReadOnly)?Paths|TemporaryFileSystem|RootDirectory|'
+                         r'RootImage|MountFlags|DeviceAllow|DevicePolicy)=.*)$', service, re.M)
+    t.check_equal(private, [], 'settings of cowboxd.service that would hide its mounts or /dev/fuse')
     if not shutil.which('systemd-analyze'):
         print('SKIP: systemd-analyze verify: no systemd-analyze here', flush=True)
         return
