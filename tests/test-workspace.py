@@ -20,6 +20,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cowbox_test as t  # noqa: E402
 import daemon_test as d  # noqa: E402
 
+# The system's Python: one of the caller's own (a virtual environment in
+# root's home) may be closed to the test's user.
+USER_PYTHON = '/usr/bin/python3' if os.access('/usr/bin/python3', os.X_OK) else 'python3'
+
 FILL = '''
 import errno, os, sys
 path, count = sys.argv[1], int(sys.argv[2])
@@ -102,7 +106,7 @@ def check_disk_full():
                 r = d.cowbox(bus, '--json', 'workspace', 'create', 'dev', '--image', 'src-main',
                              '--owner', 'cowbox-test-dev')
                 path = __import__('json').loads(r.out)['path']
-                r = as_user(bus, dev, 'python3', '-c', FILL, path, '2000')
+                r = as_user(bus, dev, USER_PYTHON, '-c', FILL, path, '2000')
                 t.check('ENOSPC' in r.out, f'filling the disk under a workspace: {r.out}')
                 t.check_equal(t.read_file(os.path.join(path, 'README')), b'the project\n', 'a file at ENOSPC')
                 d.wait_for('the disk-full signal', lambda: 'WorkspaceDiskFull' in open(log).read())
@@ -557,14 +561,14 @@ def run():
                 d.cowbox(bus, 'workspace', 'set-limit', 'dev', '1G', expect=1, user=dev)
 
                 # The limit: EDQUOT, the synced data intact, the warning.
-                r = as_user(bus, dev, 'python3', '-c', FILL, path, '200')
+                r = as_user(bus, dev, USER_PYTHON, '-c', FILL, path, '200')
                 t.check('EDQUOT' in r.out, f'filling the workspace to its limit: {r.out}')
                 filled = int(r.out.split()[1])
                 t.check(filled >= 7 * 8, f'only {filled} files of 128 KiB fitted under an 8 MiB limit')
                 t.check_equal(t.read_file(os.path.join(path, 'new.c')), b'new\n', 'an earlier file at the limit')
                 # Buffered writes see the limit at write(), not as EIO at
                 # close(), and the file holds what write() accepted.
-                r = as_user(bus, dev, 'python3', '-c', BUFFERED, path + '/big.o', '16')
+                r = as_user(bus, dev, USER_PYTHON, '-c', BUFFERED, path + '/big.o', '16')
                 t.check(r.out.startswith('write EDQUOT ') and 'close' not in r.out,
                         f'a buffered 16 MiB write past the limit: {r.out}')
                 t.check_equal(os.stat(path + '/big.o').st_size, int(r.out.split()[-1]),
@@ -577,7 +581,7 @@ def run():
                 d.cowbox(bus, 'workspace', 'set-limit', 'dev', '64M')
                 deadline = time.monotonic() + 15
                 while True:
-                    r = as_user(bus, dev, 'python3', '-c', FILL, path + '/lib', '16')
+                    r = as_user(bus, dev, USER_PYTHON, '-c', FILL, path + '/lib', '16')
                     if 'wrote 16' in r.out or time.monotonic() > deadline:
                         break
                     time.sleep(0.5)
