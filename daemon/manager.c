@@ -1,17 +1,22 @@
 /* SPDX-License-Identifier: LGPL-2.1-or-later */
 
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "api.h"
 #include "cleanup.h"
 #include "images.h"
 #include "manager.h"
+#include "process-util.h"
 #include "runtime.h"
 #include "string-util.h"
 
@@ -262,8 +267,51 @@ static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void
         return sd_event_exit(m->event, 0);
 }
 
+/* One daemon a store: a second would recover, mount and remove what the
+ * first is using. STORE-sandboxes/.cowboxd names the daemon that serves
+ * the store by its identity, which a daemon killed with -9 leaves behind
+ * and the next one takes over. A lock held for the moment of the check
+ * (not for the daemon's life: its workers and servers, forked, would
+ * inherit it and outlive it) keeps two starting daemons apart. */
+static int claim_store(Manager *m, char **ret_error) {
+        _cleanup_free_ char *dir = NULL, *path = NULL;
+        _cleanup_close_ int fd = -EBADF;
+        ProcessIdentity holder = {}, self;
+        char text[160] = {};
+        int pid, r;
+
+        if (asprintf(&dir, "%s-sandboxes", m->store_path) < 0 || asprintf(&path, "%s/.cowboxd", dir) < 0)
+                return -ENOMEM;
+        (void) mkdir(dir, 0755);
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        if (fd < 0 || flock(fd, LOCK_EX) < 0)
+                return -errno;
+        r = process_identity(getpid(), &self);
+        if (r < 0)
+                return r;
+        if (pread(fd, text, sizeof text - 1, 0) > 0 &&
+            sscanf(text, "%d %llu %39s", &pid, &holder.start_time, holder.boot_id) == 3 && pid > 0 &&
+            pid != self.pid) {
+                holder.pid = pid;
+                if (process_identity_alive(&holder)) {
+                        if (asprintf(ret_error, "another cowboxd (PID %d) serves the store at %s", pid,
+                                     m->store_path) < 0)
+                                *ret_error = NULL;
+                        return -EBUSY;
+                }
+        }
+        snprintf(text, sizeof text, "%d %llu %s\n", (int) self.pid, self.start_time, self.boot_id);
+        if (ftruncate(fd, 0) < 0 || pwrite(fd, text, strlen(text), 0) != (ssize_t) strlen(text))
+                return -errno;
+        return 0;
+}
+
 int manager_start(Manager *m, char **ret_error) {
         int r;
+
+        r = claim_store(m, ret_error);
+        if (r < 0)
+                return r;
 
         r = sd_event_default(&m->event);
         if (r < 0)

@@ -569,6 +569,25 @@ def check_many_subvolumes(store):
         store.run('reap', '--wait')
 
 
+def check_second_daemon(bus, daemon, store):
+    """A second cowboxd on a store that one serves, on the same bus or on
+    another, refuses at once and names the first; the first serves on."""
+    other = d.Bus(store)
+    try:
+        for what, b in (('the same bus', bus), ('another bus', other)):
+            env = dict(os.environ, **b.env)
+            start = time.monotonic()
+            p = subprocess.run([d.daemon_exe(), '--store', store.path], env=env, capture_output=True, text=True,
+                               timeout=60)
+            t.check(p.returncode != 0 and f'another cowboxd (PID {daemon.proc.pid}) serves the store' in p.stderr,
+                    f'a second cowboxd on {what}: exit {p.returncode}\n{p.stderr}')
+            t.check(time.monotonic() - start < 10, f'a second cowboxd on {what} took {time.monotonic() - start:.1f} s '
+                    'to give up')
+    finally:
+        other.stop()
+    d.cowbox(bus, 'status')
+
+
 def run():
     d.require_dbus()
     t.require_program('setpriv')
@@ -583,6 +602,7 @@ def run():
             check_job_limit(bus, store)
             check_crash_while_reaping(bus, daemon, store)
             check_crash_creating_sandbox(bus, daemon, store)
+            check_second_daemon(bus, daemon, store)
             nobody = check_access(bus, store)
         check_daemon_refuses(store, nobody)
         check_reaper_marks(store)
