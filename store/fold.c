@@ -9,6 +9,13 @@
  * top C is folded only while its subvolume's lock is ours. Servers that
  * still have the old stack open keep reading the old files, which stay
  * valid while open.
+ *
+ * Inode rows with nlink 0 (unlinked while open) that a snapshot froze
+ * below a top are reached by no name: only the server that had the file
+ * open then may still read them, by inode number. M leaves them out, with
+ * their data, once no writable subvolume above C is being served: a
+ * server started later never has them open. Else nothing would ever free
+ * them: a server forgets only rows of its own top.
  */
 
 #include <errno.h>
@@ -89,13 +96,15 @@ static int copy_file(const char *from, const char *to) {
 
 /* The merged layer's rows get checks computed anew: both layers' rows are
  * verified first, so that a damaged row is never given a valid check. */
-static int verify_rows(sqlite3 *db) {
+static int verify_rows(sqlite3 *db, bool with_upper) {
         int64_t damaged = 0;
         int r;
 
         FOREACH_STRING(schema, "main", "upper") {
                 int64_t n = 0;
 
+                if (!with_upper && streq(schema, "upper"))
+                        continue;
                 r = layer_count_damaged_rows(db, schema, &n);
                 if (r < 0)
                         return r;
@@ -104,25 +113,30 @@ static int verify_rows(sqlite3 *db) {
         return damaged > 0 ? -EIO : 0;
 }
 
-/* Rows of the upper layer replace the lower's; what the upper cut off
- * (lower_limit, inline contents) goes; whiteouts and holes go too where no
- * layer lies below. */
-static int apply_upper(sqlite3 *db, const char *upper_path, bool bottom) {
+/* Rows of the upper layer (if upper_path is not NULL) replace the lower's;
+ * what the upper cut off (lower_limit, inline contents) goes; whiteouts and
+ * holes go too where no layer lies below; and with drop_orphans, the data
+ * of inodes without names, and where no layer lies below their rows. */
+static int apply_upper(sqlite3 *db, const char *upper_path, bool bottom, bool drop_orphans) {
         _cleanup_free_ char *sql = NULL;
         LayerCounters c = {};
         int64_t stored = 0;
         int r;
 
-        if (asprintf(&sql, "ATTACH 'file:%s?immutable=1' AS upper", upper_path) < 0)
-                return -ENOMEM;
-        r = sqlite_exec(db, sql);
-        if (r < 0)
-                return r;
+        if (upper_path) {
+                if (asprintf(&sql, "ATTACH 'file:%s?immutable=1' AS upper", upper_path) < 0)
+                        return -ENOMEM;
+                r = sqlite_exec(db, sql);
+                if (r < 0)
+                        return r;
+        }
 
         r = sqlite_begin(db);
         if (r >= 0)
-                r = verify_rows(db);
-        if (r >= 0)
+                r = verify_rows(db, upper_path);
+        if (r >= 0 && !upper_path)
+                r = sqlite_exec(db, "CREATE TEMP TABLE lens AS SELECT digest, stored_len FROM main.blockrefs;");
+        if (r >= 0 && upper_path)
                 r = sqlite_exec(db,
                 "CREATE TEMP TABLE lens AS SELECT digest, stored_len FROM main.blockrefs "
                 "  UNION SELECT digest, stored_len FROM upper.blockrefs;"
@@ -146,10 +160,27 @@ static int apply_upper(sqlite3 *db, const char *upper_path, bool bottom) {
                 "INSERT INTO main.info(key, value, row_check) SELECT key, value, " INFO_CHECK " FROM upper.info;");
         if (r < 0)
                 goto fail;
-        if (bottom) {
+        if (bottom && upper_path) {
                 r = sqlite_exec(db, "DELETE FROM main.dentries WHERE ino = 0;"
                                     "DELETE FROM main.extents WHERE digest IS NULL;"
                                     "UPDATE main.inodes SET lower_limit = 0, row_check = " INODE_CHECK_WITH("0") ";");
+                if (r < 0)
+                        goto fail;
+        }
+        if (drop_orphans) {
+                r = sqlite_exec(db,
+                        "DELETE FROM main.extents WHERE ino IN (SELECT ino FROM main.inodes WHERE nlink = 0);");
+                /* Above a layer below, the row stays, cutting off that
+                 * layer's data and rows of the inode (a file unlinked
+                 * above where it was made). */
+                if (r >= 0 && bottom)
+                        r = sqlite_exec(db,
+                                "DELETE FROM main.xattrs WHERE ino IN (SELECT ino FROM main.inodes WHERE nlink = 0);"
+                                "DELETE FROM main.dentries WHERE parent IN (SELECT ino FROM main.inodes WHERE nlink = 0);"
+                                "DELETE FROM main.inodes WHERE nlink = 0;");
+                else if (r >= 0)
+                        r = sqlite_exec(db, "UPDATE main.inodes SET lower_limit = 0, row_check = "
+                                            INODE_CHECK_WITH("0") " WHERE nlink = 0;");
                 if (r < 0)
                         goto fail;
         }
@@ -169,7 +200,7 @@ static int apply_upper(sqlite3 *db, const char *upper_path, bool bottom) {
                 r = sqlite_commit(db);
         if (r < 0)
                 goto fail;
-        return sqlite_exec(db, "DETACH upper");
+        return upper_path ? sqlite_exec(db, "DETACH upper") : 0;
 fail:
         sqlite_rollback(db);
         return r;
@@ -181,7 +212,7 @@ fail:
  * layers below it, which a database made here would hide behind those of
  * an empty store (next_ino 2: the next file made would take the inode
  * number of one below). */
-static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
+static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged, bool drop_orphans) {
         _cleanup_free_ char *lower_path = NULL, *upper_path = NULL, *path = NULL, *tmp = NULL;
         _cleanup_sqlite_ sqlite3 *db = NULL;
         int lower_exists, upper_exists, r;
@@ -189,13 +220,14 @@ static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
         lower_exists = layer_exists(s, fc->lower);
         if (lower_exists < 0)
                 return lower_exists;
-        upper_exists = layer_exists(s, fc->upper);
+        /* A layer rewritten alone is its own upper. */
+        upper_exists = fc->upper == fc->lower ? 0 : layer_exists(s, fc->upper);
         if (upper_exists < 0)
                 return upper_exists;
         /* A layer made and gone is lost, not empty: folding it would make
          * the loss look whole. */
         if ((!lower_exists && catalog_layer_was_made(s, fc->lower) != 0) ||
-            (!upper_exists && catalog_layer_was_made(s, fc->upper) != 0))
+            (!upper_exists && fc->upper != fc->lower && catalog_layer_was_made(s, fc->upper) != 0))
                 return -EUCLEAN;
         if (!lower_exists && !upper_exists)
                 return 0;
@@ -230,8 +262,8 @@ static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged) {
         if (r < 0)
                 return r;
 
-        if (upper_exists) {
-                r = apply_upper(db, upper_path, fc->parent == 0);
+        if (upper_exists || drop_orphans) {
+                r = apply_upper(db, upper_exists ? upper_path : NULL, fc->parent == 0, drop_orphans);
                 if (r < 0)
                         return r;
         }
@@ -280,12 +312,57 @@ static int swap_in(Store *s, const FoldCandidate *fc, uint64_t merged) {
         return r;
 }
 
+/* Whether rows of inodes without names in the pair are of no use to
+ * anyone: 1 unless a writable subvolume whose top is the upper or above it
+ * is served (other than fc->writer, whose lock is ours), or a negative
+ * errno. Such a server may have had the file open since before the layer
+ * froze, and read it by inode number. */
+static int orphans_unused(Store *s, const FoldCandidate *fc) {
+        _cleanup_free_ uint64_t *ids = NULL;
+        size_t n = 0, allocated = 0;
+        int r;
+
+        {
+                _cleanup_stmt_ sqlite3_stmt *st = NULL;
+
+                CATALOG_LOCKED(s);
+                r = sqlite_prepare(s->catalog,
+                                   "WITH RECURSIVE above(id) AS (SELECT ?1"
+                                   "  UNION SELECT l.id FROM layers l JOIN above ON l.parent = above.id) "
+                                   "SELECT id FROM subvolumes WHERE readonly = 0 AND top_layer IN above",
+                                   &st);
+                if (r < 0)
+                        return r;
+                sqlite3_bind_int64(st, 1, (sqlite3_int64) fc->upper);
+                while ((r = sqlite_step_row(st)) > 0) {
+                        if (!GREEDY_REALLOC(ids, allocated, n + 1))
+                                return -ENOMEM;
+                        ids[n++] = (uint64_t) sqlite3_column_int64(st, 0);
+                }
+                if (r < 0)
+                        return r;
+        }
+        for (size_t i = 0; i < n; i++) {
+                pid_t holder;
+
+                if (ids[i] == fc->writer)
+                        continue;
+                r = subvolume_lock_holder(s, ids[i], &holder);
+                if (r != 0)
+                        return r < 0 ? r : 0;
+        }
+        return 1;
+}
+
 /* Folds one pair. A writable top is folded only while nobody serves its
- * subvolume: its lock is held until the catalog names the merged layer. */
+ * subvolume: its lock is held until the catalog names the merged layer.
+ * A pair of one layer (lower and upper the same) is that layer rewritten
+ * without its rows of inodes without names, if nobody may use them. */
 static int fold_one(Store *s, const FoldCandidate *fc, Pace *pace, StoreReapStats *stats) {
         _cleanup_close_ int lock = -EBADF;
-        uint64_t merged;
-        int r;
+        bool rewrite = fc->lower == fc->upper;
+        uint64_t merged, before;
+        int unused, r;
 
         if (fc->writer != 0) {
                 lock = subvolume_lock_full(s, fc->writer, true, SUBVOLUME_LOCK_BRIEF, NULL);
@@ -302,12 +379,17 @@ static int fold_one(Store *s, const FoldCandidate *fc, Pace *pace, StoreReapStat
         if (r < 0)
                 return r;
 
+        unused = orphans_unused(s, fc);
+        if (unused < 0)
+                return unused;
+        if (rewrite && unused == 0)
+                return 0;
         /* M's row exists, unreachable, before its file: a crash leaves a
          * dead layer that the next reap drops. */
         r = catalog_new_folding_layer(s, fc->parent, &merged);
         if (r < 0)
                 return r;
-        r = build_merged(s, fc, merged);
+        r = build_merged(s, fc, merged, unused > 0);
         if (r >= 0) {
                 pace_wrote(pace, layer_file_bytes(s, merged));
                 r = swap_in(s, fc, merged);
@@ -321,11 +403,83 @@ static int fold_one(Store *s, const FoldCandidate *fc, Pace *pace, StoreReapStat
                 block_count_corruption(s);
                 return 0;
         }
+        if (rewrite) {
+                before = layer_file_bytes(s, fc->lower);
+                stats->bytes_freed += before - MIN(before, layer_file_bytes(s, merged));
+                (void) layer_unlink(s, fc->lower);
+                return 1;
+        }
         stats->bytes_freed += layer_file_bytes(s, fc->lower) + layer_file_bytes(s, fc->upper);
         (void) layer_unlink(s, fc->lower);
         (void) layer_unlink(s, fc->upper);
         stats->layers_folded++;
         return 1;
+}
+
+/* Layers nobody writes (below a top, or a read-only subvolume's top) that
+ * hold rows of inodes without names, as pairs of one layer: a snapshot
+ * froze them with files unlinked while open. Folds drop those of the
+ * layers they merge; these are the rest. */
+static int find_frozen_orphans(Store *s, FoldCandidate **ret, size_t *ret_n) {
+        _cleanup_free_ FoldCandidate *list = NULL;
+        size_t n = 0, k = 0, allocated = 0;
+        int r;
+
+        {
+                _cleanup_stmt_ sqlite3_stmt *st = NULL;
+
+                CATALOG_LOCKED(s);
+                r = sqlite_prepare(s->catalog,
+                                   "WITH RECURSIVE live(layer) AS ("
+                                   "  SELECT top_layer FROM subvolumes WHERE deleted = 0"
+                                   "  UNION SELECT layers.parent FROM live JOIN layers ON layers.id = live.layer"
+                                   "  WHERE layers.parent IS NOT NULL) "
+                                   "SELECT l.id, coalesce(l.parent, 0) FROM layers l "
+                                   "WHERE l.id IN (SELECT layer FROM live)"
+                                   "  AND l.id NOT IN (SELECT top_layer FROM subvolumes WHERE readonly = 0) "
+                                   "ORDER BY l.id",
+                                   &st);
+                if (r < 0)
+                        return r;
+                while ((r = sqlite_step_row(st)) > 0) {
+                        if (!GREEDY_REALLOC(list, allocated, n + 1))
+                                return -ENOMEM;
+                        list[n].lower = list[n].upper = (uint64_t) sqlite3_column_int64(st, 0);
+                        list[n].parent = (uint64_t) sqlite3_column_int64(st, 1);
+                        list[n].writer = 0;
+                        n++;
+                }
+                if (r < 0)
+                        return r;
+        }
+
+        /* Each layer is opened, as the mark of the blocks opens it; the
+         * orphans index answers at once. */
+        for (size_t i = 0; i < n; i++) {
+                _cleanup_sqlite_ sqlite3 *db = NULL;
+                int64_t found = 0;
+
+                r = layer_open(s, list[i].lower, LAYER_READ_FROZEN, &db);
+                /* Never written, or lost (which fsck names). */
+                if (r == -ENOENT || r == -EUCLEAN)
+                        continue;
+                /* Above a layer below, a row rewritten stays, without data
+                 * and cutting off the layers below: it is not looked at
+                 * again. */
+                if (r >= 0)
+                        r = sqlite_query_int(db, list[i].parent == 0
+                                ? "SELECT EXISTS (SELECT 1 FROM inodes WHERE nlink = 0)"
+                                : "SELECT EXISTS (SELECT 1 FROM inodes i WHERE nlink = 0 AND (lower_limit != 0"
+                                  "  OR EXISTS (SELECT 1 FROM extents e WHERE e.ino = i.ino)))",
+                                &found);
+                if (r < 0)
+                        return r;
+                if (found)
+                        list[k++] = list[i];
+        }
+        *ret = TAKE_PTR(list);
+        *ret_n = k;
+        return 0;
 }
 
 int fold_layers(Store *s, Pace *pace, StoreReapStats *stats) {
@@ -355,5 +509,25 @@ int fold_layers(Store *s, Pace *pace, StoreReapStats *stats) {
                         folded = r > 0;
                 }
         } while (folded);
+
+        {
+                _cleanup_free_ FoldCandidate *list = NULL;
+                size_t n = 0;
+                int r;
+
+                r = find_frozen_orphans(s, &list, &n);
+                if (r < 0)
+                        return r;
+                for (size_t i = 0; i < n; i++) {
+                        r = pace_step(pace, 0);
+                        if (r < 0)
+                                return r;
+                        r = fold_one(s, &list[i], pace, stats);
+                        if (r == -ENOSPC)
+                                return 0;
+                        if (r < 0)
+                                return r;
+                }
+        }
         return 0;
 }

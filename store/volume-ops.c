@@ -295,6 +295,10 @@ static int link_name(Volume *v, uint64_t ino, uint64_t newparent, const char *ne
                 return r;
         if (S_ISDIR(row.mode))
                 return -EPERM;
+        /* As the kernel refuses it: a file without names stays so, and
+         * the reaper drops it from layers nobody serves (fold.c). */
+        if (row.nlink == 0)
+                return -ENOENT;
         if (row.nlink >= 65000)
                 return -EMLINK;
         r = dentry_get(v, newparent, newname, NULL, NULL);

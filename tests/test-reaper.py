@@ -7,7 +7,9 @@ as the rate says to free what was deleted, and frees all of it. While a
 reaper marks and sweeps, a writer's fsync of small files goes through, and
 one that stores new blocks waits for it; a mount that has committed
 everything keeps no reaper waiting. fsck and scrub wait for a reaper to
-finish."""
+finish. A file unlinked while open when a snapshot froze it is freed once
+nothing can use it any more, and stays whole while its server still has it
+open."""
 
 import fcntl
 import os
@@ -159,6 +161,108 @@ def reap_counts_what_it_frees():
         check_reap('a deleted subvolume')
 
 
+ORPHAN = 20 * MiB
+
+
+def check_orphan_freed(store, image, before, what):
+    """After a reap, image holds nothing of the orphan and the store gave
+    back its blocks (before: usage --json before the reap)."""
+    store.reap()
+    info = store.show(image)
+    t.check(info['referenced_bytes'] < MiB,
+            f'{what}: {image} still references {info["referenced_bytes"]} bytes '
+            f'({info["exclusive_bytes"]} exclusive) after the reap')
+    freed = before['data_bytes'] - store.usage()['data_bytes']
+    t.check(freed >= ORPHAN, f'{what}: the reap freed {freed} of the {ORPHAN} bytes of the unlinked file')
+    store.fsck()
+
+
+def open_orphan(m, seed):
+    """A file of ORPHAN bytes, committed, then unlinked and kept open."""
+    data = t.random_bytes(ORPHAN, seed)
+    f = open(m.p('big'), 'wb+')
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
+    os.unlink(m.p('big'))
+    t.fsync_dir(m.path)
+    return f, bytearray(data)
+
+
+def orphans_frozen_by_snapshots():
+    """A file unlinked but still open when a snapshot froze the top layer
+    left its row and blocks in the frozen layer: nothing ever freed them
+    (the server forgets only rows of its own top). Once the subvolume that
+    had it open is gone, the reap frees them; while its server still has
+    it open, folds keep it whole, even once written after the snapshot."""
+    with t.Store('reaper-orphans') as store:
+        store.create('o')
+        keep = t.random_bytes(200 * 1024, 10)
+        with store.mount('o') as m:
+            t.write_file(m.p('keep'), keep, fsync=True)
+            store.snapshot('o', 'base', readonly=True)  # a layer below
+            f, _ = open_orphan(m, 11)
+            store.snapshot('o', 'img', readonly=True)
+            f.close()
+        store.fsck()
+        store.delete('o', reap=False)
+        check_orphan_freed(store, 'img', store.usage(), 'closed after the snapshot')
+        layers = sorted(os.listdir(os.path.join(store.path, 'layers')))
+        store.reap()
+        t.check_equal(sorted(os.listdir(os.path.join(store.path, 'layers'))), layers,
+                      'layer files after a reap that has nothing to do')
+        with store.mount('img', readonly=True) as m:
+            t.check_equal(sorted(os.listdir(m.path)), ['keep'], 'files of the snapshot')
+            t.check_bytes(t.read_file(m.p('keep')), keep, 'a file below the dropped one')
+
+        # The server dies with the orphan in its top; another process
+        # snapshots the subvolume.
+        store.create('k')
+        m = store.mount('k')
+        m.mount()
+        f, _ = open_orphan(m, 12)
+        m.kill()
+        try:
+            f.close()
+        except OSError:
+            pass
+        store.snapshot('k', 'kimg', readonly=True)
+        t.check_equal(store.show('kimg')['logical_bytes'], 0, 'bytes of files in the snapshot')
+        store.fsck()
+        store.delete('k', reap=False)
+        check_orphan_freed(store, 'kimg', store.usage(), 'its server killed')
+
+        # Open across two snapshots and written in between; the first
+        # snapshot goes, and a fold merges the layers the file is in.
+        store.create('w')
+        with store.mount('w') as m:
+            f, data = open_orphan(m, 13)
+            store.snapshot('w', 'w1', readonly=True)
+            patch = t.random_bytes(3 * MiB, 14)
+            f.seek(5 * MiB + 123)
+            f.write(patch)
+            f.flush()
+            os.fsync(f.fileno())
+            data[5 * MiB + 123:5 * MiB + 123 + len(patch)] = patch
+            store.snapshot('w', 'w2', readonly=True)
+            store.delete('w1', reap=False)
+            store.reap()
+            store.fsck()
+            f.seek(0)
+            t.check_bytes(f.read(), bytes(data), 'the open unlinked file after a fold')
+            f.seek(ORPHAN - 1000)
+            f.write(b'y' * 2000)
+            f.flush()
+            os.fsync(f.fileno())
+            data[ORPHAN - 1000:] = b'y' * 2000
+            f.seek(0)
+            t.check_bytes(f.read(), bytes(data), 'the open unlinked file written after the fold')
+            f.close()
+        store.fsck()
+        store.delete('w', reap=False)
+        check_orphan_freed(store, 'w2', store.usage(), 'written after a snapshot')
+
+
 def run():
     t.require_fuse()
     with t.Store('reaper') as store:
@@ -192,6 +296,7 @@ def run():
         store.fsck()
         checks_wait_for_reaper(store)
     reap_counts_what_it_frees()
+    orphans_frozen_by_snapshots()
 
 
 t.main(run)

@@ -133,6 +133,17 @@ static void test_basic_and_snapshot(Store *s) {
         check_content(v, large, changed, 300000);
         CHECK_OK(volume_unlink(v, dir, "small"));
         CHECK(volume_lookup(v, dir, "small", &st) == -ENOENT);
+        {
+                /* A file without names, open until the kernel forgets it,
+                 * gets none back (the reaper drops such files from frozen
+                 * layers). */
+                uint64_t gone = make_file(v, 1, "gone");
+
+                CHECK_OK(volume_unlink(v, 1, "gone"));
+                CHECK(volume_link(v, gone, 1, "back", NULL) == -ENOENT);
+                CHECK(volume_lookup(v, 1, "back", &st) == -ENOENT);
+                volume_forget(v, gone);
+        }
         CHECK_OK(volume_setxattr(v, large, "user.k", "v3", 2, XATTR_REPLACE));
         volume_close(v);
 
