@@ -27,6 +27,9 @@
 #include "runtime-internal.h"
 #include "string-util.h"
 
+/* PID_MAX_LIMIT on 64-bit machines: pids.max takes no more. */
+#define PIDS_LIMIT_MAX UINT64_C(4194304)
+
 static const char *const v1_names[_CG_MAX] = {
         [CG_BLKIO] = "blkio",
         [CG_MEMORY] = "memory",
@@ -459,7 +462,12 @@ void cgroup_apply(Cgroup *cg, const SandboxLimits *l, dev_t dev) {
                         not_held(cg, "memory limit", V2_MEMORY);
         }
         if (l->pids_max) {
-                snprintf(v, sizeof v, "%" PRIu64, l->pids_max);
+                /* Past the most PIDs the kernel ever gives out, a limit
+                 * is none; pids.max refuses such a number. */
+                if (l->pids_max > PIDS_LIMIT_MAX)
+                        snprintf(v, sizeof v, "max");
+                else
+                        snprintf(v, sizeof v, "%" PRIu64, l->pids_max);
                 if (cg->v2_pids)
                         apply_value(cg, cg->path[CG_UNIFIED], "pids.max", v, "process limit");
                 else if (cg->path[CG_PIDS])

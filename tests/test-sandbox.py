@@ -221,6 +221,10 @@ def check_limits(store):
     r, rep = run(store, '--pids-max', '32', 'img', '--', '/probe', 'forkbomb', expect=None)
     t.check('forkbomb stopped 31 ' in r.out and rep['pids_limit_hit'], f'a fork bomb: {r.out} {rep}')
     subprocess.run(['true'], check=True)   # the host still forks
+    # More than the kernel ever gives out is no limit, not an error.
+    _, rep = run(store, '--pids-max', str(2**63 - 1), 'img', '--', '/probe', 'info')
+    t.check(not any('pids' in n or 'process' in n for n in rep['not_applied']),
+            f'a process limit past the kernel\'s: {rep["not_applied"]}')
 
     start = time.monotonic()
     _, rep = run(store, '--timeout', '1', 'img', '--', '/probe', 'sleep', '60', expect=137)
