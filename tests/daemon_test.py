@@ -224,6 +224,23 @@ def ensure_user(name, groups=()):
     return pw.pw_uid, pw.pw_gid, gids
 
 
+def kill_while_saving(bus, daemon, temp_file, argv):
+    """Runs the client with argv and kills the daemon with -9 while the call
+    saves a list, then starts it again. The save writes temp_file first: as
+    a FIFO, it holds the daemon in open() until it is killed."""
+    os.mkfifo(temp_file)
+    call = subprocess.Popen([client_exe(), *argv], env=dict(os.environ, **bus.env), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_for('the daemon held in opening its list', lambda: open(
+            f'/proc/{daemon.proc.pid}/syscall').read().split()[0] == '257')
+        daemon.kill(signal.SIGKILL)
+    finally:
+        call.wait(30)
+        os.unlink(temp_file)
+    daemon.start()
+
+
 def wait_for(what, fn, timeout=30):
     """Waits until fn() is true, or fails naming what was awaited."""
     deadline = time.monotonic() + timeout

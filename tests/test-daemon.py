@@ -410,21 +410,8 @@ def check_crash_creating_sandbox(bus, daemon, store):
     d.cowbox(bus, 'image', 'receive', '-f', os.path.join(CORPUS, 'btrfs-v1-full'), 'sbxcrash')
     records = store.path + '-sandboxes'
     os.makedirs(records, exist_ok=True)
-    # The save writes a temporary file first: as a FIFO, it holds the
-    # daemon in open() until it is killed.
-    fifo = os.path.join(records, '.sandboxes.json.tmp')
-    os.mkfifo(fifo)
-    env = dict(os.environ, **bus.env)
-    call = subprocess.Popen([d.client_exe(), 'sandbox', 'create', 'crashed', '--image', 'sbxcrash', '--',
-                             '/bin/true'], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        d.wait_for('the daemon held in opening its list', lambda: open(
-            f'/proc/{daemon.proc.pid}/syscall').read().split()[0] == '257')
-        daemon.kill(signal.SIGKILL)
-    finally:
-        call.wait(30)
-        os.unlink(fifo)
-    daemon.start()
+    d.kill_while_saving(bus, daemon, os.path.join(records, '.sandboxes.json.tmp'),
+                        ['sandbox', 'create', 'crashed', '--image', 'sbxcrash', '--', '/bin/true'])
     listed = json.loads(d.cowbox(bus, '--json', 'sandbox', 'list').out)
     if any(b['name'] == 'crashed' for b in listed):
         d.cowbox(bus, 'sandbox', 'rm', 'crashed')

@@ -433,21 +433,9 @@ def check_crash_creating(dev):
     with t.Store('workspace-crash') as store:
         make_image(store)
         with d.bus_and_daemon(store) as (bus, daemon):
-            # The save writes a temporary file first: as a FIFO, it holds
-            # the daemon in open() until it is killed.
-            fifo = os.path.join(store.path + '-workspaces', '.workspaces.json.tmp')
-            os.mkfifo(fifo)
-            call = subprocess.Popen([d.client_exe(), 'workspace', 'create', 'crashed', '--image', 'src-main',
-                                     '--owner', 'cowbox-test-dev'], env=dict(os.environ, **bus.env),
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
-                d.wait_for('the daemon held in opening its list', lambda: open(
-                    f'/proc/{daemon.proc.pid}/syscall').read().split()[0] == '257')
-                daemon.kill(signal.SIGKILL)
-            finally:
-                call.wait(30)
-                os.unlink(fifo)
-            daemon.start()
+            d.kill_while_saving(bus, daemon, os.path.join(store.path + '-workspaces', '.workspaces.json.tmp'),
+                                ['workspace', 'create', 'crashed', '--image', 'src-main', '--owner',
+                                 'cowbox-test-dev'])
             if 'crashed' in workspace_names(bus):
                 d.cowbox(bus, 'workspace', 'rm', 'crashed')
             t.check_equal([n for n in store.names() if n.startswith('workspace-')], [],
