@@ -482,6 +482,24 @@ static int find_frozen_orphans(Store *s, FoldCandidate **ret, size_t *ret_n) {
         return 0;
 }
 
+/* The parent the catalog gives the layer now (0 for none); -ENOENT if
+ * the layer is gone. */
+static int layer_parent(Store *s, uint64_t layer, uint64_t *ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT coalesce(parent, 0) FROM layers WHERE id = ?1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) layer);
+        r = sqlite_step_row(st);
+        if (r <= 0)
+                return r < 0 ? r : -ENOENT;
+        *ret = (uint64_t) sqlite3_column_int64(st, 0);
+        return 0;
+}
+
 int fold_layers(Store *s, Pace *pace, StoreReapStats *stats) {
         bool folded;
 
@@ -520,6 +538,14 @@ int fold_layers(Store *s, Pace *pace, StoreReapStats *stats) {
                         return r;
                 for (size_t i = 0; i < n; i++) {
                         r = pace_step(pace, 0);
+                        if (r < 0)
+                                return r;
+                        /* A layer rewritten before this one may have been
+                         * its parent: the rewrite stands on what replaced
+                         * it, or its stack would end there. */
+                        r = layer_parent(s, list[i].lower, &list[i].parent);
+                        if (r == -ENOENT)
+                                continue;
                         if (r < 0)
                                 return r;
                         r = fold_one(s, &list[i], pace, stats);

@@ -9,7 +9,8 @@ one that stores new blocks waits for it; a mount that has committed
 everything keeps no reaper waiting. fsck and scrub wait for a reaper to
 finish. A file unlinked while open when a snapshot froze it is freed once
 nothing can use it any more, and stays whole while its server still has it
-open."""
+open; a reap that frees such files from several layers keeps the layers'
+stacks whole."""
 
 import fcntl
 import os
@@ -261,6 +262,28 @@ def orphans_frozen_by_snapshots():
         store.fsck()
         store.delete('w', reap=False)
         check_orphan_freed(store, 'w2', store.usage(), 'written after a snapshot')
+
+        # The same with both snapshots kept: one reap rewrites two frozen
+        # layers, the second above the first, which the first rewrite
+        # replaced.
+        store.create('c')
+        with store.mount('c') as m:
+            t.write_file(m.p('keep'), keep, fsync=True)
+            f, _ = open_orphan(m, 15)
+            store.snapshot('c', 'c1', readonly=True)
+            f.seek(5 * MiB)
+            f.write(t.random_bytes(3 * MiB, 16))
+            f.flush()
+            os.fsync(f.fileno())
+            store.snapshot('c', 'c2', readonly=True)
+            f.close()
+        store.delete('c', reap=False)
+        store.reap()
+        for image in ('c1', 'c2'):
+            with store.mount(image, readonly=True) as m:
+                t.check_equal(sorted(os.listdir(m.path)), ['keep'], f'files of {image}')
+                t.check_bytes(t.read_file(m.p('keep')), keep, f'a file below the dropped one in {image}')
+        store.fsck()
 
 
 def run():
