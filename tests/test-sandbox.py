@@ -502,9 +502,12 @@ def check_delegated_cgroup(store):
                              stderr=subprocess.PIPE, text=True)
         made = []
 
+        # The task joins its cgroup after the snapshot is mounted: wait for
+        # it there too (a slow build, ASan's, gets that far later).
         def sandbox_made():
             made[:] = cg.children('cowbox')
-            return made and any(m.startswith(base) for m in t.mount_table())
+            return (len(made) == 1 and cg.procs(os.path.join('cowbox', made[0])) and
+                    any(m.startswith(base) for m in t.mount_table()))
         deadline = time.monotonic() + 30
         while not sandbox_made() and time.monotonic() < deadline and p.poll() is None:
             time.sleep(0.1)
