@@ -667,7 +667,7 @@ static int list_checkpoints(const Workspace *ws, Store *s, StoreSubvolumeInfo **
 }
 
 int workspace_remove(Workspaces *w, Store *s, const char *name) {
-        _cleanup_free_ char *subvolume = NULL;
+        _cleanup_free_ char *subvolume = NULL, *incoming = NULL;
         StoreSubvolumeInfo *checkpoints = NULL;
         Workspace *ws = workspace_find(w, name);
         size_t n = 0;
@@ -676,6 +676,8 @@ int workspace_remove(Workspaces *w, Store *s, const char *name) {
         if (!ws)
                 return -ENOENT;
         r = workspace_subvolume(name, NULL, &subvolume);
+        if (r >= 0 && asprintf(&incoming, "%s" WORKSPACE_RESTORING_SUFFIX, subvolume) < 0)
+                r = -ENOMEM;
         if (r >= 0)
                 r = workspace_unmount(ws, s);
         if (r < 0)
@@ -683,6 +685,12 @@ int workspace_remove(Workspaces *w, Store *s, const char *name) {
         /* Deleted before the list is saved: on a full disk, the deletion
          * is what makes room for the save. */
         r = store_subvolume_delete(s, subvolume, NULL);
+        if (r < 0 && r != -ENOENT)
+                return r;
+        /* A restore cut short before it deleted the old state leaves the
+         * new one under its temporary name: no call could delete it, and
+         * a later workspace of this name would be mounted on it. */
+        r = store_subvolume_delete(s, incoming, NULL);
         if (r < 0 && r != -ENOENT)
                 return r;
         if (list_checkpoints(ws, s, &checkpoints, &n) >= 0) {

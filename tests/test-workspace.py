@@ -491,6 +491,40 @@ def check_restore_cut_short(dev):
         store.fsck()
 
 
+def check_restore_left_behind(dev):
+    """A daemon killed in a restore after it made the restored state, before
+    it deleted the old one, leaves workspace-NAME+restoring beside the
+    workspace: its removal removes that too, and a later workspace of the
+    same name never gets the removed one's files."""
+    with t.Store('workspace-restore-left') as store:
+        make_image(store)
+        with d.bus_and_daemon(store) as (bus, daemon):
+            path = json.loads(d.cowbox(bus, '--json', 'workspace', 'create', 'old', '--image', 'src-main',
+                                       '--owner', 'cowbox-test-dev').out)['path']
+            as_user(bus, dev, 'sh', '-c', f'echo secret > {path}/state')
+            d.cowbox(bus, 'workspace', 'checkpoint', 'old', 'good', user=dev)
+            daemon.stop()
+            store.snapshot('workspace-old@good', 'workspace-old+restoring')
+            state = os.path.join(store.path + '-workspaces', '.workspaces.json')
+            listed = json.loads(t.read_file(state))['workspaces'][0]
+            daemon.start()
+            d.cowbox(bus, 'workspace', 'rm', 'old')
+            t.check_equal([n for n in store.names() if n.startswith('workspace-')], [],
+                          'subvolumes of a removed workspace whose restore a crash cut short')
+
+            # A new workspace of that name, its daemon killed once it was
+            # listed, before its subvolume was made.
+            daemon.stop()
+            doc = json.loads(t.read_file(state))
+            doc['workspaces'].append(listed)
+            t.write_file(state, json.dumps(doc).encode())
+            daemon.start()
+            t.check(not os.path.exists(os.path.join(path, 'state')),
+                    'a new workspace serves the files of a removed one')
+            d.cowbox(bus, 'workspace', 'rm', 'old')
+        store.fsck()
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -602,6 +636,7 @@ def run():
     check_linked_default_path(dev)
     check_crash_creating(dev)
     check_restore_cut_short(dev)
+    check_restore_left_behind(dev)
     check_disk_full()
 
 
