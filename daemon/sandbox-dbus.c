@@ -479,10 +479,12 @@ static int do_kill(sd_bus_message *message, Manager *m, const char *name, sd_bus
         return sd_bus_reply_method_return(message, NULL);
 }
 
-static void sandbox_remove(Manager *m, Sandbox *b) {
+/* had_snapshot: false for a sandbox listed by a daemon that died before it
+ * made the snapshot, which no signal announced: none says it went. */
+static void sandbox_remove(Manager *m, Sandbox *b, bool had_snapshot) {
         _cleanup_free_ char *snapshot = NULL;
 
-        if (asprintf(&snapshot, SANDBOX_PREFIX "%s", b->name) >= 0)
+        if (had_snapshot && asprintf(&snapshot, SANDBOX_PREFIX "%s", b->name) >= 0)
                 (void) manager_signal_subvolume(m, snapshot, false);
         signal_sandbox(m, b->name, false);
         for (Sandbox **p = &m->sandboxes; *p; p = &(*p)->next)
@@ -495,8 +497,9 @@ static void sandbox_remove(Manager *m, Sandbox *b) {
         manager_reap_soon(m);
 }
 
-/* Deletes the sandbox's snapshot and the sandbox: 1 when done, 0 while a
- * holder keeps the snapshot, or a negative errno. */
+/* Deletes the sandbox's snapshot and the sandbox: 1 when done, 2 when
+ * there was no snapshot, 0 while a holder keeps the snapshot, or a
+ * negative errno. */
 static int try_delete(Manager *m, Sandbox *b) {
         _cleanup_free_ char *snapshot = NULL;
         int r;
@@ -506,9 +509,9 @@ static int try_delete(Manager *m, Sandbox *b) {
         r = store_subvolume_delete(m->store, snapshot, NULL);
         if (r == -EBUSY)
                 return 0;
-        if (r < 0 && r != -ENOENT)
-                return r;
-        return 1;
+        if (r == -ENOENT)
+                return 2;
+        return r < 0 ? r : 1;
 }
 
 static int reply_delete(sd_bus_message *call, const char *name, int r) {
@@ -543,7 +546,7 @@ static int on_delete_retry(sd_event_source *s, uint64_t usec, void *userdata) {
         b->delete_retry = sd_event_source_disable_unref(b->delete_retry);
         name = strdup(b->name);
         if (r > 0)
-                sandbox_remove(m, b);
+                sandbox_remove(m, b, r == 1);
         return name ? reply_delete(call, name, r) : sd_bus_reply_method_errno(call, ENOMEM, NULL);
 }
 
@@ -563,7 +566,7 @@ static int do_delete(sd_bus_message *message, Manager *m, const char *name, sd_b
                 return sd_bus_error_setf(error, API_ERROR_BUSY, "Sandbox '%s' is being deleted.", name);
         r = try_delete(m, b);
         if (r > 0) {
-                sandbox_remove(m, b);
+                sandbox_remove(m, b, r == 1);
                 return sd_bus_reply_method_return(message, NULL);
         }
         if (r < 0)

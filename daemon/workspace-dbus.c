@@ -203,7 +203,10 @@ int method_get_workspace(sd_bus_message *message, void *userdata, sd_bus_error *
 
 int method_remove_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
         _cleanup_json_ json_t *checkpoints = NULL;
+        _cleanup_free_ char *subvolume = NULL;
+        StoreSubvolumeInfo info = {};
         Manager *m = userdata;
+        bool had_subvolume;
         const char *name;
         size_t i;
         json_t *v;
@@ -220,10 +223,16 @@ int method_remove_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
         /* Its checkpoints go with it: their names for the signals. */
         if (workspace_checkpoints_json(workspace_find(&m->workspaces, name), m->store, &checkpoints) < 0)
                 checkpoints = NULL;
+        /* One listed by a daemon that died before it made the subvolume:
+         * no signal announced that, and none says it went. */
+        had_subvolume = workspace_subvolume(name, NULL, &subvolume) >= 0 &&
+                        store_subvolume_show(m->store, subvolume, &info) >= 0;
+        store_subvolume_info_clear(&info);
         r = workspace_remove(&m->workspaces, m->store, name);
         if (r < 0)
                 return workspace_error(r, name, error);
-        signal_subvolume(m, name, NULL, false);
+        if (had_subvolume)
+                signal_subvolume(m, name, NULL, false);
         json_array_foreach(checkpoints, i, v)
                 signal_subvolume(m, name, json_string_value(json_object_get(v, "label")), false);
         manager_reap_soon(m);

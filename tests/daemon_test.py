@@ -241,6 +241,24 @@ def kill_while_saving(bus, daemon, temp_file, argv):
     daemon.start()
 
 
+def signals_of(bus, fn):
+    """The signals of cowboxd (as dbus-monitor prints them) sent while fn()
+    runs."""
+    log = os.path.join(bus.dir, 'signals-of')
+    with open(log, 'w') as out:
+        monitor = subprocess.Popen(['dbus-monitor', '--system', "type='signal',sender='org.cowbox1'"],
+                                   env=dict(os.environ, **bus.env), stdout=out, stderr=subprocess.DEVNULL)
+    try:
+        wait_for('dbus-monitor on the bus', lambda: 'NameAcquired' in open(log).read())
+        fn()
+        # The reply may come before the signals sent with it.
+        time.sleep(0.5)
+    finally:
+        monitor.terminate()
+        monitor.wait()
+    return open(log).read()
+
+
 def wait_for(what, fn, timeout=30):
     """Waits until fn() is true, or fails naming what was awaited."""
     deadline = time.monotonic() + timeout

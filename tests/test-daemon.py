@@ -427,7 +427,10 @@ def check_crash_creating_sandbox(bus, daemon, store):
     listed.append(dict(listed[0], name='ghost'))
     t.write_file(state, json.dumps(listed).encode())
     daemon.start()
-    d.cowbox(bus, 'sandbox', 'rm', 'ghost')
+    # No signal announced its snapshot: none says it went.
+    signals = d.signals_of(bus, lambda: d.cowbox(bus, 'sandbox', 'rm', 'ghost'))
+    t.check('SubvolumeRemoved' not in signals and 'sbx_2dghost' not in signals,
+            f'signals of the removal of a sandbox whose snapshot was never made:\n{signals}')
     d.cowbox(bus, 'sandbox', 'create', 'ghost', '--image', 'sbxcrash', '--', '/bin/true')
     for name in ('crashed', 'ghost'):
         d.cowbox(bus, 'sandbox', 'rm', name)
