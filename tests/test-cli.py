@@ -621,7 +621,8 @@ def test_service_unit(store):
 
 def test_install_deps_waits_for_apt(store):
     """scripts/install-deps on a machine just booted, where apt's daily job
-    holds apt's locks for a while: it waits for them instead of failing."""
+    holds apt's locks for a while: it waits for them instead of failing,
+    whatever the language of apt's messages."""
     if os.environ.get('COWBOX_SKIP_INSTALL') == '1':
         print('SKIP: install-deps: COWBOX_SKIP_INSTALL=1', flush=True)
         return
@@ -635,8 +636,10 @@ def test_install_deps_waits_for_apt(store):
             held.append(fd)
             fcntl.lockf(fd, fcntl.LOCK_EX)
         script = os.path.join(t.source_root(), 'scripts', 'install-deps')
+        # An administrator's language: apt's messages are translated.
         p = subprocess.Popen([script], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+                             stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, LC_ALL='C.UTF-8', LANGUAGE='de'))
         time.sleep(8)
     finally:
         for fd in held:
