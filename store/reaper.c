@@ -282,6 +282,26 @@ void pace_wrote(Pace *p, uint64_t bytes) {
         pace_throttle(p, now);
 }
 
+/* ---- what a reap took away and has not freed yet ---- */
+
+/* Dropping a layer's row and unindexing a block hide their bytes from the
+ * space estimate before the files and records are gone. A reap paused,
+ * killed or crashed in between would leave them freed by no one: the
+ * estimate would show nothing waiting, and the daemon starts reaps by it.
+ * So the reap counts them here, in the transaction that hides them, and
+ * forgets them once it has freed everything. */
+#define META_PENDING "reaper_pending_bytes"
+
+uint64_t reaper_pending_bytes(Store *s) {
+        int64_t v = 0;
+
+        return catalog_meta_get_int(s, META_PENDING, &v) >= 0 && v > 0 ? (uint64_t) v : 0;
+}
+
+static int pending_set(Store *s, uint64_t bytes) {
+        return catalog_meta_set_int(s, META_PENDING, (int64_t) MIN(bytes, (uint64_t) INT64_MAX));
+}
+
 /* ---- phases ---- */
 
 static int forget_deleted_subvolumes(Store *s, uint64_t *ret_n) {
@@ -301,9 +321,13 @@ static int drop_dead_layers(Store *s, Pace *pace, StoreReapStats *stats) {
         size_t n = 0;
         int r;
 
+        uint64_t hidden = 0;
+
         r = catalog_dead_layers(s, &ids, &n);
         if (r < 0 || n == 0)
                 return r;
+        for (size_t i = 0; i < n; i++)
+                hidden += layer_reclaimable_bytes(s, ids[i]);
 
         {
                 CATALOG_LOCKED(s);
@@ -315,6 +339,8 @@ static int drop_dead_layers(Store *s, Pace *pace, StoreReapStats *stats) {
                         sqlite3_bind_int64(st, 1, (sqlite3_int64) ids[i]);
                         r = sqlite_step_done(st);
                 }
+                if (r >= 0)
+                        r = pending_set(s, reaper_pending_bytes(s) + hidden);
                 if (r >= 0)
                         r = sqlite_commit(s->catalog);
                 if (r < 0) {
@@ -424,6 +450,7 @@ static int block_row_compare(const void *a, const void *b) {
 static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapStats *stats) {
         _cleanup_free_ BlockRow *dead = NULL;
         size_t n = 0, allocated = 0;
+        uint64_t hidden = 0;
         int r;
 
         {
@@ -460,6 +487,7 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
                                         .raw_len = (uint32_t) sqlite3_column_int(st, 4),
                                 },
                         };
+                        hidden += sizeof(PackRecordHeader) + dead[n - 1].loc.stored_len;
                         sqlite3_bind_blob(del, 1, d.bytes, sizeof d.bytes, SQLITE_STATIC);
                         r = sqlite_step_done(del);
                         if (r >= 0) {
@@ -467,6 +495,9 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
                                 r = sqlite_step_done(forget);
                         }
                 }
+                /* The layers dropped before counted most of these already. */
+                if (r >= 0 && hidden > reaper_pending_bytes(s))
+                        r = pending_set(s, hidden);
                 if (r >= 0)
                         r = sqlite_commit(s->catalog);
                 if (r < 0) {
@@ -500,6 +531,8 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
                 if (r > 0) {
                         r = pack_punch(s, dead[i].loc.pack, dead + i, j - i);
                         stats->bytes_freed += punched;
+                        if (r >= 0)
+                                r = pending_set(s, reaper_pending_bytes(s) - MIN(reaper_pending_bytes(s), punched));
                 }
                 if (r < 0)
                         return r;
@@ -726,6 +759,9 @@ int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, 
                 r = remove_orphan_layer_files(s, &stats);
         if (r >= 0)
                 r = collect_garbage(s, &pace, &stats);
+        /* Everything hidden is freed now, by this reap or an earlier one. */
+        if (r >= 0)
+                r = pending_set(s, 0);
         space_update(s);
         if (r >= 0 && progress)
                 progress(MAX(pace.bytes, pace.total), MAX(pace.bytes, pace.total), userdata);

@@ -251,6 +251,9 @@ int layer_write_counters(sqlite3 *db, const LayerCounters *c);
 int layer_highest_ino(sqlite3 *db, uint64_t *ret);
 int layer_unlink(Store *s, uint64_t id);
 uint64_t layer_file_bytes(Store *s, uint64_t id);
+/* What dropping a dead layer gives back, as the space estimate counts it:
+ * its file and the stored bytes of the blocks it references. */
+uint64_t layer_reclaimable_bytes(Store *s, uint64_t id);
 
 /* Row checks. Every row of a layer's tables carries row_check, the
  * cowbox_check() of its other columns (an inline content is covered through
@@ -442,6 +445,9 @@ int pace_step(Pace *p, uint64_t bytes);
 /* Called after writing bytes (a fold's merged layer): sleeps as the rate
  * asks. Work written is kept, paused or not. */
 void pace_wrote(Pace *p, uint64_t bytes);
+/* The bytes a reap took out of the catalog's reach and has not freed yet
+ * (left by a pause, a crash or a kill): part of what the next reap frees. */
+uint64_t reaper_pending_bytes(Store *s);
 
 /* ---- fold.c ---- */
 int fold_layers(Store *s, Pace *pace, StoreReapStats *stats);

@@ -892,6 +892,18 @@ finish:
         return r;
 }
 
+uint64_t layer_reclaimable_bytes(Store *s, uint64_t id) {
+        _cleanup_sqlite_ sqlite3 *db = NULL;
+        LayerCounters lc = {};
+
+        /* Not immutable: a layer the reaper is folding into is
+         * unreachable, and written, until the fold is done. */
+        if (layer_open(s, id, LAYER_READ, &db) < 0)
+                return 0;
+        (void) layer_read_counters(db, &lc);
+        return lc.stored_bytes + layer_file_bytes(s, id);
+}
+
 int store_space(Store *s, StoreSpace *ret) {
         _cleanup_free_ uint64_t *dead = NULL;
         uint64_t folding = 0;
@@ -908,9 +920,6 @@ int store_space(Store *s, StoreSpace *ret) {
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n_dead; i++) {
-                _cleanup_sqlite_ sqlite3 *db = NULL;
-                LayerCounters lc = {};
-
                 /* A fold's merged layer repeats the rows of live layers: it
                  * frees none of the blocks it counts. Being built, it is
                  * about to be live; left by a fold that died, its own file
@@ -920,14 +929,9 @@ int store_space(Store *s, StoreSpace *ret) {
                                 ret->reclaimable_bytes += layer_file_bytes(s, dead[i]);
                         continue;
                 }
-                /* Not immutable: a layer the reaper is folding into is
-                 * unreachable, and written, until the fold is done. */
-                if (layer_open(s, dead[i], LAYER_READ, &db) < 0)
-                        continue;
-                if (layer_read_counters(db, &lc) >= 0)
-                        ret->reclaimable_bytes += lc.stored_bytes;
-                ret->reclaimable_bytes += layer_file_bytes(s, dead[i]);
+                ret->reclaimable_bytes += layer_reclaimable_bytes(s, dead[i]);
         }
+        ret->reclaimable_bytes += reaper_pending_bytes(s);
 
         if (fstatvfs(s->dir_fd, &sv) >= 0) {
                 ret->fs_free_bytes = (uint64_t) sv.f_bavail * sv.f_frsize;

@@ -7,10 +7,11 @@ as the rate says to free what was deleted, and frees all of it. While a
 reaper marks and sweeps, a writer's fsync of small files goes through, and
 one that stores new blocks waits for it; a mount that has committed
 everything keeps no reaper waiting. fsck and scrub wait for a reaper to
-finish. A file unlinked while open when a snapshot froze it is freed once
-nothing can use it any more, and stays whole while its server still has it
-open; a reap that frees such files from several layers keeps the layers'
-stacks whole."""
+finish. A reaper paused in its sweep leaves what it has not punched out
+counted as reclaimable. A file unlinked while open when a snapshot froze it
+is freed once nothing can use it any more, and stays whole while its server
+still has it open; a reap that frees such files from several layers keeps
+the layers' stacks whole."""
 
 import fcntl
 import os
@@ -76,6 +77,37 @@ def commits_during_gc(store):
     with store.mount('gc') as m:
         t.check_bytes(t.read_file(m.p('small')), b'inline content\n', 'the small file')
         t.check_bytes(t.read_file(m.p('big')), t.random_bytes(256 * 1024, 5), 'the file of new blocks')
+
+
+def paused_mid_sweep(store):
+    """A reaper paused once it has unindexed the dead blocks, before it
+    punched them out of their packs: the bytes still wait, and usage (by
+    which the daemon starts reaps) must say so; the next reap frees them."""
+    fill(store, 'swept', 3)
+    store.delete('swept', reap=False)
+    store.run('reap', '--rate', '2M')
+    reaper = subprocess.Popen([t.tool(), '--store', store.path, 'reap', '--wait'],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while store.usage()['data_bytes'] > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        store.run('reap', '--pause')
+    finally:
+        err = reaper.communicate(timeout=60)[1].decode(errors='replace')
+    t.check(reaper.returncode == 1 and 'paused' in err, f'the reaper paused in its sweep: {err}')
+    usage = store.usage()
+    waiting = usage['pack_file_bytes'] - usage['data_bytes']
+    t.check(waiting >= DATA // 2, f'the paused sweep freed {DATA - waiting} bytes of {DATA}: not paused in time')
+    t.check(usage['reclaimable_bytes'] >= waiting - 64 * 1024,
+            f"reclaimable bytes after a pause in the sweep: {usage['reclaimable_bytes']}, "
+            f'while the packs hold {waiting} bytes of no block')
+    store.run('reap', '--resume', '--rate', 'none')
+    store.reap()
+    usage = store.usage()
+    t.check_equal(usage['reclaimable_bytes'], 0, 'reclaimable bytes after the next reap')
+    t.check(usage['pack_file_bytes'] - usage['data_bytes'] < 64 * 1024,
+            f"the packs after the next reap: {usage['pack_file_bytes']} bytes for {usage['data_bytes']} of data")
 
 
 def idle_mount_lets_reaper_in(store):
@@ -313,6 +345,8 @@ def run():
                 f'{freed} bytes freed in {seconds:.2f} s: faster than the limit of {RATE} bytes/s')
         t.check_equal(store.usage()['reclaimable_bytes'], 0, 'reclaimable bytes after the reap')
         store.run('reap', '--rate', 'none')
+        store.fsck()
+        paused_mid_sweep(store)
         store.fsck()
         commits_during_gc(store)
         idle_mount_lets_reaper_in(store)
