@@ -194,6 +194,13 @@ static void signal_kept_snapshot(Manager *m, Job *j) {
 }
 
 void manager_job_finished(Manager *m, Job *j) {
+        if (j->type == JOB_REAP && j->state == JOB_DONE && j->result) {
+                json_t *doc = json_loads(j->result, JSON_ALLOW_NUL, NULL);
+
+                if (json_is_true(json_object_get(doc, "paused")))
+                        m->reap_deferred = true;
+                json_decref(doc);
+        }
         if (j->type == JOB_RUN) {
                 manager_sandbox_job_finished(m, j);
                 signal_kept_snapshot(m, j);
@@ -226,8 +233,10 @@ void manager_job_finished(Manager *m, Job *j) {
 /* Below the low mark of free space, the reapers are hurried (their rate
  * bound lifted) and a reap started; at the high mark (or with nothing left
  * to free), the hurry ends. It is renewed at every look: should the daemon
- * die meanwhile, it ends by itself, and the rate set was never touched. */
+ * die meanwhile, it ends by itself, and the rate set was never touched.
+ * Work a paused reaper left is taken up once it is resumed. */
 static void watch_space(Manager *m) {
+        StoreReaperSettings settings;
         StoreSpace u;
         unsigned free_percent;
 
@@ -239,6 +248,15 @@ static void watch_space(Manager *m) {
 
         if (store_space(m->store, &u) < 0 || u.fs_total_bytes == 0)
                 return;
+        if (store_reaper_settings(m->store, &settings) >= 0) {
+                if (settings.paused)
+                        m->reap_deferred = true;
+                else if (m->reap_deferred) {
+                        m->reap_deferred = false;
+                        if (u.reclaimable_bytes > 0)
+                                manager_reap_soon(m);
+                }
+        }
         free_percent = (unsigned) (u.fs_free_bytes * 100 / u.fs_total_bytes);
         if (free_percent < m->low_mark && u.reclaimable_bytes > 0) {
                 m->urgent = true;

@@ -84,6 +84,9 @@ struct Manager {
          * reaper works at full speed until the high mark is reached. */
         unsigned low_mark, high_mark;
         bool urgent;
+        /* A reap found the reaper paused: its work waits for the resume,
+         * which 'cowbox-store reap --resume' makes without telling us. */
+        bool reap_deferred;
 
         /* Ticks of the space watch that look again for what receives of a
          * daemon that died left: its workers may outlive it for a moment. */

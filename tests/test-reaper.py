@@ -14,7 +14,9 @@ still has it open; a reap that frees such files from several layers keeps
 the layers' stacks whole."""
 
 import fcntl
+import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -24,6 +26,7 @@ import time
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cowbox_test as t  # noqa: E402
+import daemon_test as d  # noqa: E402
 from cowbox_test import MiB  # noqa: E402
 
 DATA = 8 * MiB
@@ -108,6 +111,26 @@ def paused_mid_sweep(store):
     t.check_equal(usage['reclaimable_bytes'], 0, 'reclaimable bytes after the next reap')
     t.check(usage['pack_file_bytes'] - usage['data_bytes'] < 64 * 1024,
             f"the packs after the next reap: {usage['pack_file_bytes']} bytes for {usage['data_bytes']} of data")
+
+
+def daemon_resumes():
+    """cowboxd's reap finds the reaper paused and ends; once 'reap
+    --resume' lets reapers run again, the daemon takes the work up by
+    itself (the resume is no call of its)."""
+    if not all(shutil.which(p) for p in ('dbus-daemon', 'busctl', 'gdbus', 'dbus-send')):
+        print('the resume of the daemon\'s reaper not checked: no D-Bus tools', flush=True)
+        return
+    with t.Store('reaper-resume') as store:
+        fill(store, 'a', 4)
+        store.run('reap', '--pause')
+        store.delete('a', reap=False)
+        with d.bus_and_daemon(store) as (bus, daemon):
+            d.wait_for('the paused reap job to end',
+                       lambda: json.loads(d.cowbox(bus, '--json', 'status').out)['jobs'] == [])
+            time.sleep(3)
+            t.check(store.usage()['reclaimable_bytes'] >= DATA, 'the daemon reaped while the reaper was paused')
+            store.run('reap', '--resume')
+            d.wait_for('the daemon to reap after the resume', lambda: store.usage()['reclaimable_bytes'] == 0)
 
 
 def idle_mount_lets_reaper_in(store):
@@ -354,6 +377,7 @@ def run():
         checks_wait_for_reaper(store)
     reap_counts_what_it_frees()
     orphans_frozen_by_snapshots()
+    daemon_resumes()
 
 
 t.main(run)
