@@ -5,10 +5,12 @@
  * reaches, folds layers into their only child and frees the blocks nothing
  * references (mark and sweep over the live layers' block sets).
  *
- * Blocks are freed only while the reaper holds the GC lock exclusively.
+ * Blocks are unindexed only while the reaper holds the GC lock exclusively.
  * Writers hold it shared from their first new reference to a block until
  * their commit, so that no block is freed between a writer's dedup hit and
- * the commit that makes its reference visible to the mark phase. A second
+ * the commit that makes its reference visible to the mark phase. Once
+ * unindexed, a block is reached by no writer: its record is punched out
+ * after the lock is let go. A second
  * lock, gc-intent, keeps new writers from starving a waiting reaper.
  */
 
@@ -446,8 +448,12 @@ static int block_row_compare(const void *a, const void *b) {
 /* Unindexes the blocks the mark phase did not reach, then punches them
  * out of their packs. In that order: after a crash in between, a record
  * is left unindexed (space to reclaim), never an index entry whose data is
- * gone that a writer could deduplicate against. */
-static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapStats *stats) {
+ * gone that a writer could deduplicate against. The GC locks (*intent,
+ * *gc) are let go in between: no writer can reach an unindexed block, and
+ * the punching goes at the reaper's rate, which writers storing blocks
+ * must not wait for. */
+static int sweep_blocks(Store *s, const DigestSet *live, int *intent, int *gc, Pace *pace,
+                        StoreReapStats *stats) {
         _cleanup_free_ BlockRow *dead = NULL;
         size_t n = 0, allocated = 0;
         uint64_t hidden = 0;
@@ -505,6 +511,8 @@ static int sweep_blocks(Store *s, const DigestSet *live, Pace *pace, StoreReapSt
                         return r;
                 }
         }
+        gc_unlock(gc);
+        gc_unlock(intent);
 
         /* Once unindexed, the blocks are garbage either way: a pause leaves
          * the rest of their records for the reclaim of a later reap. */
@@ -673,7 +681,12 @@ static int collect_garbage(Store *s, Pace *pace, StoreReapStats *stats) {
                 if (r < 0)
                         return r;
         }
-        r = sweep_blocks(s, &live, pace, stats);
+        r = sweep_blocks(s, &live, &intent, &gc, pace, stats);
+        if (r < 0)
+                return r;
+        /* Held again: a writer may have stored a block in a pack that
+         * looks empty, and not yet indexed it. */
+        r = gc_locks_take(s, LOCK_EX, &intent, &gc);
         if (r < 0)
                 return r;
         r = remove_empty_packs(s, stats);

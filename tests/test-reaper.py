@@ -7,11 +7,14 @@ as the rate says to free what was deleted, and frees all of it. While a
 reaper marks and sweeps, a writer's fsync of small files goes through, and
 one that stores new blocks waits for it; a mount that has committed
 everything keeps no reaper waiting. fsck and scrub wait for a reaper to
-finish. A reaper paused in its sweep leaves what it has not punched out
-counted as reclaimable. A file unlinked while open when a snapshot froze it
-is freed once nothing can use it any more, and stays whole while its server
-still has it open; a reap that frees such files from several layers keeps
-the layers' stacks whole."""
+finish. A writer storing blocks does not wait for the punching of dead
+blocks at the reaper's rate, and a reaper paused in its sweep leaves what it
+has not punched out counted as reclaimable. A file unlinked while open
+when a snapshot froze it is freed once nothing can use it any more, and
+stays whole while its server still has it open; a reap that frees such
+files from several layers keeps the layers' stacks whole. cowboxd takes up
+the work its reap left when it found the reaper paused once the reaper is
+resumed."""
 
 import fcntl
 import json
@@ -83,21 +86,30 @@ def commits_during_gc(store):
 
 
 def paused_mid_sweep(store):
-    """A reaper paused once it has unindexed the dead blocks, before it
-    punched them out of their packs: the bytes still wait, and usage (by
-    which the daemon starts reaps) must say so; the next reap frees them."""
+    """A reaper that has unindexed the dead blocks punches them out of
+    their packs at its rate: a writer storing new blocks meanwhile does not
+    wait for that. Paused then, the bytes still wait, and usage (by which
+    the daemon starts reaps) must say so; the next reap frees them."""
     fill(store, 'swept', 3)
+    store.create('writer')
     store.delete('swept', reap=False)
     store.run('reap', '--rate', '2M')
-    reaper = subprocess.Popen([t.tool(), '--store', store.path, 'reap', '--wait'],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 30
-        while store.usage()['data_bytes'] > 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        store.run('reap', '--pause')
-    finally:
-        err = reaper.communicate(timeout=60)[1].decode(errors='replace')
+    with store.mount('writer') as m:
+        t.write_file(m.p('warm'), b'x', fsync=True)
+        reaper = subprocess.Popen([t.tool(), '--store', store.path, 'reap', '--wait'],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 30
+            while store.usage()['data_bytes'] > 0 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            start = time.monotonic()
+            t.write_file(m.p('new'), t.random_bytes(256 * 1024, 7), fsync=True)
+            seconds = time.monotonic() - start
+            store.run('reap', '--pause')
+        finally:
+            err = reaper.communicate(timeout=60)[1].decode(errors='replace')
+        t.check(seconds < 1.5, f'an fsync storing new blocks took {seconds:.2f} s while the reaper punched '
+                'out dead blocks at its rate')
     t.check(reaper.returncode == 1 and 'paused' in err, f'the reaper paused in its sweep: {err}')
     usage = store.usage()
     waiting = usage['pack_file_bytes'] - usage['data_bytes']
