@@ -42,6 +42,11 @@
  * names the new one (block_commit()). */
 #define DAMAGED_BLOCKS_SCHEMA "CREATE TABLE IF NOT EXISTS damaged_blocks(digest BLOB PRIMARY KEY) WITHOUT ROWID;"
 
+/* Every snapshot looks its UUID up (check_uuid_free()), and receives find
+ * their parents by UUID: without it, a scan of every subvolume, deleted
+ * ones too. */
+#define SUBVOLUMES_UUID_INDEX_SQL "CREATE INDEX IF NOT EXISTS subvolumes_uuid ON subvolumes(uuid);"
+
 static const char catalog_schema[] =
         "CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
         "CREATE TABLE layers("
@@ -62,6 +67,7 @@ static const char catalog_schema[] =
         "  deleted INTEGER NOT NULL DEFAULT 0,"
         SUBVOLUME_IMAGE_COLUMNS_SQL ");"
         "CREATE UNIQUE INDEX subvolumes_live_name ON subvolumes(name) WHERE deleted = 0;"
+        SUBVOLUMES_UUID_INDEX_SQL
         "CREATE TABLE packs(id INTEGER PRIMARY KEY AUTOINCREMENT, created_usec INTEGER NOT NULL);"
         "CREATE TABLE blocks("
         "  digest BLOB PRIMARY KEY,"
@@ -129,6 +135,7 @@ static int upgrade_layers_made(Store *s) {
 
 int catalog_upgrade(Store *s) {
         sqlite3 *db = s->catalog;
+        int64_t n;
         int r;
 
         CATALOG_LOCKED(s);
@@ -148,6 +155,12 @@ int catalog_upgrade(Store *s) {
                 if (r < 0)
                         return r;
         }
+        r = sqlite_query_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND "
+                                 "name = 'subvolumes_uuid'", &n);
+        if (r >= 0 && n == 0)
+                r = sqlite_exec(db, SUBVOLUMES_UUID_INDEX_SQL);
+        if (r < 0)
+                return r;
         if (!has_column(db, "damaged_blocks", "digest")) {
                 r = sqlite_exec(db, DAMAGED_BLOCKS_SCHEMA);
                 if (r < 0)

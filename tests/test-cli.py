@@ -258,6 +258,29 @@ def test_receiving_names(store):
         store.run('subvolume', 'delete', name)
 
 
+def test_uuid_index(store):
+    """The catalog finds a subvolume by UUID through an index (every
+    snapshot looks its UUID up), also in a store made before the index,
+    which the next opening gives one."""
+    catalog = os.path.join(store.path, 'catalog.db')
+
+    def plan():
+        db = sqlite3.connect(catalog)
+        try:
+            return ' '.join(str(row) for row in db.execute(
+                "EXPLAIN QUERY PLAN SELECT 1 FROM subvolumes WHERE uuid = 'x'"))
+        finally:
+            db.close()
+
+    t.check('subvolumes_uuid' in plan(), f'the lookup of a UUID in a new store: {plan()}')
+    db = sqlite3.connect(catalog)
+    db.execute('DROP INDEX subvolumes_uuid')
+    db.commit()
+    db.close()
+    store.run('subvolume', 'list')
+    t.check('subvolumes_uuid' in plan(), f'the lookup of a UUID in a store opened again: {plan()}')
+
+
 def test_json(store):
     doc = t.json_usage(store.json('usage'))
     for key in ('logical_bytes', 'stored_bytes', 'data_bytes', 'pack_file_bytes', 'reclaimable_bytes'):
@@ -697,6 +720,7 @@ def run():
         sub.run('send -f FILE', test_send_output, store)
         sub.run('names of images being received', test_receiving_names, store)
         sub.run('json', test_json, store)
+        sub.run('UUIDs are indexed', test_uuid_index, store)
         sub.run('reap, scrub, fsck', test_maintenance, store)
         sub.run('reap while the catalog is locked', test_reap_busy, store)
         sub.run('deletes racing', test_delete_racing, store)
