@@ -57,6 +57,7 @@ Manager *manager_free(Manager *m) {
         sd_event_unref(m->event);
         workspaces_done(&m->workspaces);
         manager_free_sandboxes(m);
+        manager_subvolume_cache_drop(m);
         store_close(m->store);
         free(m->store_path);
         free(m->cgroup_base);
@@ -153,10 +154,38 @@ int manager_check_caller(sd_bus_message *message, sd_bus_error *error) {
                                  "change the store; ask an administrator to add you to it.", API_GROUP);
 }
 
+void manager_subvolume_cache_drop(Manager *m) {
+        if (m->subvolume_cache_valid)
+                store_subvolume_info_clear(&m->subvolume_cache);
+        m->subvolume_cache_valid = false;
+}
+
+int manager_subvolume_info(Manager *m, const char *name, const StoreSubvolumeInfo **ret) {
+        uint64_t iteration = 0;
+        int r;
+
+        (void) sd_event_get_iteration(m->event, &iteration);
+        /* One message is dispatched per turn, and whoever changes a
+         * subvolume in it announces that after the change. */
+        if (!m->subvolume_cache_valid || m->subvolume_cache_iteration != iteration ||
+            !streq(m->subvolume_cache.name, name)) {
+                manager_subvolume_cache_drop(m);
+                r = store_subvolume_show(m->store, name, &m->subvolume_cache);
+                if (r < 0)
+                        return r;
+                m->subvolume_cache_valid = true;
+                m->subvolume_cache_iteration = iteration;
+        }
+        *ret = &m->subvolume_cache;
+        return 0;
+}
+
 int manager_signal_subvolume(Manager *m, const char *name, bool added) {
         _cleanup_free_ char *path = NULL;
         json_t *text;
         int r;
+
+        manager_subvolume_cache_drop(m);
 
         r = api_subvolume_path(name, &path);
         if (r < 0)

@@ -95,6 +95,13 @@ struct Manager {
         /* The v2 cgroup delegated to the daemon, below which sandboxes'
          * cgroups are made (the daemon is in a leaf of it); NULL: none. */
         char *cgroup_base;
+
+        /* The last subvolume whose properties were read, and in which turn
+         * of the event loop: a GetAll, or an object manager's listing,
+         * reads every property of an object in one turn, each on its own. */
+        StoreSubvolumeInfo subvolume_cache;
+        uint64_t subvolume_cache_iteration;
+        bool subvolume_cache_valid;
 };
 
 int manager_new(const char *store_path, Manager **ret);
@@ -136,6 +143,10 @@ int manager_delete(sd_bus_message *message, Manager *m, const char *name, bool i
 int store_error_reply(int r, const char *name, sd_bus_error *error);
 
 /* Signals. */
+/* What is known of a subvolume, read once per turn of the event loop;
+ * valid until the next call. */
+int manager_subvolume_info(Manager *m, const char *name, const StoreSubvolumeInfo **ret);
+void manager_subvolume_cache_drop(Manager *m);
 int manager_signal_subvolume(Manager *m, const char *name, bool added);
 
 /* Jobs (job.c). work runs in the forked worker, with the store opened

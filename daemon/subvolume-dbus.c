@@ -17,15 +17,14 @@
 int subvolume_object_find(sd_bus *bus, const char *path, const char *interface, void *userdata,
                           void **found, sd_bus_error *error) {
         _cleanup_free_ char *name = NULL;
+        const StoreSubvolumeInfo *info;
         Manager *m = userdata;
-        StoreSubvolumeInfo info = {};
         int r;
 
         r = api_subvolume_name_from_path(path, &name);
         if (r <= 0 || !store_name_is_valid(name) || startswith(name, IMAGE_RECEIVING_PREFIX))
                 return 0;       /* one being received is no object yet */
-        r = store_subvolume_show(m->store, name, &info);
-        store_subvolume_info_clear(&info);
+        r = manager_subvolume_info(m, name, &info);
         if (r < 0)
                 return 0;
         *found = m;
@@ -72,40 +71,39 @@ static int subvolume_info(sd_bus_message *message, void *userdata, StoreSubvolum
 static int property_get(sd_bus *bus, const char *path, const char *interface, const char *property,
                         sd_bus_message *reply, void *userdata, sd_bus_error *error) {
         _cleanup_free_ char *name = NULL, *json = NULL;
+        const StoreSubvolumeInfo *info;
         Manager *m = userdata;
-        StoreSubvolumeInfo info = {};
         int r;
 
         r = api_subvolume_name_from_path(path, &name);
         if (r <= 0)
                 return -ENOENT;
-        r = store_subvolume_show(m->store, name, &info);
+        r = manager_subvolume_info(m, name, &info);
         if (r < 0)
                 return store_error_reply(r, name, error);
         if (strcmp(property, "Name") == 0) {
                 /* D-Bus strings are UTF-8; names may hold other bytes. */
-                json_t *name_json = api_json_string_lossy(info.name);
+                json_t *name_json = api_json_string_lossy(info->name);
 
                 r = name_json ? sd_bus_message_append(reply, "s", json_string_value(name_json)) : -ENOMEM;
                 json_decref(name_json);
         } else if (strcmp(property, "UUID") == 0)
-                r = sd_bus_message_append(reply, "s", info.uuid);
+                r = sd_bus_message_append(reply, "s", info->uuid);
         else if (strcmp(property, "ReadOnly") == 0)
-                r = sd_bus_message_append(reply, "b", info.readonly);
+                r = sd_bus_message_append(reply, "b", info->readonly);
         else if (strcmp(property, "LogicalBytes") == 0)
-                r = sd_bus_message_append(reply, "t", info.logical_bytes);
+                r = sd_bus_message_append(reply, "t", info->logical_bytes);
         else if (strcmp(property, "ExclusiveBytes") == 0)
-                r = sd_bus_message_append(reply, "t", info.exclusive_bytes);
+                r = sd_bus_message_append(reply, "t", info->exclusive_bytes);
         else if (strcmp(property, "QuotaBytes") == 0)
-                r = sd_bus_message_append(reply, "t", info.quota_bytes);
+                r = sd_bus_message_append(reply, "t", info->quota_bytes);
         else {
-                json_t *doc = api_subvolume_to_json(&info);
+                json_t *doc = api_subvolume_to_json(info);
 
                 json = api_json_text(doc);
                 json_decref(doc);
                 r = json ? sd_bus_message_append(reply, "s", json) : -ENOMEM;
         }
-        store_subvolume_info_clear(&info);
         return r;
 }
 

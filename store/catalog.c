@@ -47,6 +47,12 @@
  * ones too. */
 #define SUBVOLUMES_UUID_INDEX_SQL "CREATE INDEX IF NOT EXISTS subvolumes_uuid ON subvolumes(uuid);"
 
+/* Whether a layer is shared (catalog_layer_is_shared()) is found by
+ * walking down from it to the tops of live subvolumes: without it, a scan
+ * of every subvolume for each layer of a stack. */
+#define SUBVOLUMES_TOP_INDEX_SQL \
+        "CREATE INDEX IF NOT EXISTS subvolumes_live_top ON subvolumes(top_layer) WHERE deleted = 0;"
+
 static const char catalog_schema[] =
         "CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
         "CREATE TABLE layers("
@@ -68,6 +74,7 @@ static const char catalog_schema[] =
         SUBVOLUME_IMAGE_COLUMNS_SQL ");"
         "CREATE UNIQUE INDEX subvolumes_live_name ON subvolumes(name) WHERE deleted = 0;"
         SUBVOLUMES_UUID_INDEX_SQL
+        SUBVOLUMES_TOP_INDEX_SQL
         "CREATE TABLE packs(id INTEGER PRIMARY KEY AUTOINCREMENT, created_usec INTEGER NOT NULL);"
         "CREATE TABLE blocks("
         "  digest BLOB PRIMARY KEY,"
@@ -97,6 +104,21 @@ static bool has_column(sqlite3 *db, const char *table, const char *column) {
 
         snprintf(sql, sizeof sql, "SELECT %s FROM %s LIMIT 0", column, table);
         return sqlite_prepare(db, sql, &st) >= 0;
+}
+
+/* Indexes added since the first stores were made. */
+static int add_index(sqlite3 *db, const char *name, const char *sql) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        r = sqlite_prepare(db, "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        r = sqlite_step_row(st);
+        if (r != 0)
+                return r < 0 ? r : 0;
+        return sqlite_exec(db, sql);
 }
 
 /* Layers of a store made before they said whether their database was
@@ -135,7 +157,6 @@ static int upgrade_layers_made(Store *s) {
 
 int catalog_upgrade(Store *s) {
         sqlite3 *db = s->catalog;
-        int64_t n;
         int r;
 
         CATALOG_LOCKED(s);
@@ -155,10 +176,10 @@ int catalog_upgrade(Store *s) {
                 if (r < 0)
                         return r;
         }
-        r = sqlite_query_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND "
-                                 "name = 'subvolumes_uuid'", &n);
-        if (r >= 0 && n == 0)
-                r = sqlite_exec(db, SUBVOLUMES_UUID_INDEX_SQL);
+        r = add_index(db, "subvolumes_uuid", SUBVOLUMES_UUID_INDEX_SQL);
+        if (r < 0)
+                return r;
+        r = add_index(db, "subvolumes_live_top", SUBVOLUMES_TOP_INDEX_SQL);
         if (r < 0)
                 return r;
         if (!has_column(db, "damaged_blocks", "digest")) {
@@ -885,6 +906,28 @@ int catalog_all_layer_users(Store *s, LayerUsers **ret, size_t *ret_n) {
         *ret = TAKE_PTR(rows);
         *ret_n = n;
         return 0;
+}
+
+int catalog_layer_is_shared(Store *s, uint64_t layer) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        /* The layers built on it, down to the live tops among them: a
+         * second one is enough. */
+        r = sqlite_prepare(s->catalog,
+                           "WITH RECURSIVE above(layer) AS ("
+                           "  SELECT ?1"
+                           "  UNION ALL SELECT layers.id FROM layers JOIN above ON layers.parent = above.layer) "
+                           "SELECT count(*) FROM (SELECT 1 FROM above JOIN subvolumes"
+                           "  ON subvolumes.top_layer = above.layer AND subvolumes.deleted = 0 LIMIT 2)", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) layer);
+        r = sqlite_step_row(st);
+        if (r <= 0)
+                return r < 0 ? r : -EIO;
+        return sqlite3_column_int64(st, 0) > 1;
 }
 
 int catalog_block_totals(Store *s, uint64_t *ret_blocks, uint64_t *ret_bytes) {

@@ -205,6 +205,9 @@ typedef struct LayerUsers {
         int64_t users;
 } LayerUsers;
 int catalog_all_layer_users(Store *s, LayerUsers **ret, size_t *ret_n);
+/* Whether more than one live subvolume's stack includes the layer: for
+ * one stack, without walking every other. */
+int catalog_layer_is_shared(Store *s, uint64_t layer);
 int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n);
 int catalog_subvolume_names(Store *s, char ***ret);
 int catalog_block_totals(Store *s, uint64_t *ret_blocks, uint64_t *ret_bytes);

@@ -730,10 +730,11 @@ static int layer_users_compare(const void *a, const void *b) {
 /* Fills the space figures of one subvolume from its layers, each opened
  * once: all but a writable subvolume's top are frozen and read as they
  * are, without the journal files and locks of a connection that could
- * write. */
+ * write. Whether a layer is shared comes from all_users, or for a single
+ * subvolume (all_users NULL) from the catalog, layer by layer. */
 static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_users, StoreSubvolumeInfo *info) {
         _cleanup_free_ uint64_t *ids = NULL;
-        bool counted = false, lost = false;
+        bool counted = false, lost = false, shared = false;
         size_t n = 0;
         int r;
 
@@ -768,8 +769,17 @@ static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_
                 }
                 info->referenced_bytes += lc.stored_bytes;
 
-                users = bsearch(&ids[i], all_users, n_users, sizeof *all_users, layer_users_compare);
-                if (!users || users->users <= 1)
+                /* A layer below a shared one is shared too. */
+                if (!shared && all_users) {
+                        users = bsearch(&ids[i], all_users, n_users, sizeof *all_users, layer_users_compare);
+                        shared = users && users->users > 1;
+                } else if (!shared) {
+                        r = catalog_layer_is_shared(s, ids[i]);
+                        if (r < 0)
+                                return r;
+                        shared = r > 0;
+                }
+                if (!shared)
                         info->exclusive_bytes += lc.stored_bytes;
         }
         /* Every stack has a bottom layer with a root, unless it is lost. */
@@ -827,14 +837,7 @@ static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const Laye
 /* One subvolume: the users of every layer come in one query all the same,
  * which costs what asking for one layer's does. */
 static int subvolume_info_one(Store *s, SubvolumeRecord *rec, StoreSubvolumeInfo *ret) {
-        _cleanup_free_ LayerUsers *users = NULL;
-        size_t n_users = 0;
-        int r;
-
-        r = catalog_all_layer_users(s, &users, &n_users);
-        if (r < 0)
-                return r;
-        return subvolume_info_from_record(s, rec, users, n_users, ret);
+        return subvolume_info_from_record(s, rec, NULL, 0, ret);
 }
 
 int store_subvolume_show(Store *s, const char *name, StoreSubvolumeInfo *ret) {

@@ -445,6 +445,40 @@ def test_space(store):
             f'the store uses {disk_before} -> {disk_after} bytes on disk after reaping {size} bytes')
 
 
+def test_space_of_a_tree(store):
+    """Exclusive bytes in a tree of snapshots, one deleted but not reaped:
+    those of a layer that one live subvolume alone reaches, and show, which
+    asks about one subvolume's layers, agrees with list, which counts every
+    stack at once."""
+    sizes = {'a': MiB, 'b': 2 * MiB, 'c': 3 * MiB, 'd': MiB // 2}
+
+    def write(name, what):
+        with store.mount(name) as m:
+            t.write_file(J(m.path, what), t.random_bytes(sizes[what], ord(what)), fsync=True)
+
+    store.create('tree')
+    write('tree', 'a')
+    store.snapshot('tree', 'tree-image', readonly=True)
+    write('tree', 'b')
+    store.snapshot('tree', 'tree-2')
+    write('tree-2', 'c')
+    store.snapshot('tree-2', 'tree-3')
+    write('tree', 'd')
+    store.snapshot('tree-image', 'tree-clone')
+    store.delete('tree-3', reap=False)
+
+    listed = {s['name']: s for s in store.list() if s['name'].startswith('tree')}
+    for name, entry in listed.items():
+        t.check_equal(store.show(name), entry, f'show and list of {name}')
+    for name, own in (('tree', 'd'), ('tree-2', 'c'), ('tree-image', None), ('tree-clone', None)):
+        exclusive = listed[name]['exclusive_bytes']
+        low, high = (0.95 * sizes[own], sizes[own] + 256 * KiB) if own else (0, 64 * KiB)
+        t.check(low <= exclusive <= high, f'{name}: exclusive bytes {exclusive}, expected {low:.0f}..{high}')
+    for name in listed:
+        store.delete(name, reap=False)
+    store.reap()
+
+
 def test_open_unlinked(store):
     """A file unlinked while still open when snapshots are taken is in
     neither snapshot's counts, nor, once closed, in the subvolume's; it
@@ -529,6 +563,7 @@ def run():
         sub.run('read-only mounts are shared, and refuse a delete', test_read_only_mounts, store)
         sub.run('allocated blocks through layers', test_blocks_through_layers, store)
         sub.run('space accounting and reap', test_space, store)
+        sub.run('space of a tree of snapshots', test_space_of_a_tree, store)
         sub.run('snapshots while a file is unlinked but open', test_open_unlinked, store)
         sub.run('a store moved while mounted', test_store_moved, store)
         sub.check()
