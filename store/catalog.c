@@ -558,9 +558,6 @@ static int insert_snapshot_record(Store *s, const SubvolumeRecord *source, const
         return sqlite_step_done(st);
 }
 
-/* Freezes the source's top layer T: a writable source moves onto a new
- * empty layer above T; a writable snapshot gets its own new layer above T;
- * a read-only snapshot is T itself. Nothing is copied. */
 /* In a transaction: -ESTALE unless the subvolume, not deleted, still has
  * the top layer the caller read (a fold may have merged it away since),
  * -ENOENT if it is gone. */
@@ -580,8 +577,35 @@ static int check_top_layer(Store *s, const SubvolumeRecord *rec) {
         return (uint64_t) sqlite3_column_int64(st, 0) == rec->top_layer ? 0 : -ESTALE;
 }
 
+/* In a transaction: the layer below a writable top that holds nothing,
+ * its database never made; 0 if the top holds something, or is a bottom
+ * layer. The caller keeps the top from being written meanwhile. */
+static int layer_below_unwritten(Store *s, uint64_t top, uint64_t *ret) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        r = layer_exists(s, top);
+        if (r != 0)
+                return r < 0 ? r : 0;
+        r = sqlite_prepare(s->catalog, "SELECT parent FROM layers WHERE id = ?1 AND made = 0", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) top);
+        r = sqlite_step_row(st);
+        if (r <= 0 || sqlite3_column_type(st, 0) == SQLITE_NULL)
+                return r < 0 ? r : 0;
+        *ret = (uint64_t) sqlite3_column_int64(st, 0);
+        return 1;
+}
+
+/* Freezes the source's top layer T: a writable source moves onto a new
+ * empty layer above T; a writable snapshot gets its own new layer above T;
+ * a read-only snapshot is T itself. Nothing is copied. A writable source
+ * whose top is still empty keeps it, and the layer below stands for T:
+ * else snapshots of a checkout between two changes of it would stack a
+ * layer each, which every read of it then looks through. */
 int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, bool readonly, const char *uuid) {
-        uint64_t frozen = source->top_layer, snapshot_top = frozen, source_top;
+        uint64_t frozen = source->top_layer, snapshot_top, source_top;
         int r;
 
         CATALOG_LOCKED(s);
@@ -593,6 +617,11 @@ int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, 
         if (r < 0)
                 goto fail;
         if (!source->readonly) {
+                r = layer_below_unwritten(s, source->top_layer, &frozen);
+                if (r < 0)
+                        goto fail;
+        }
+        if (!source->readonly && frozen == source->top_layer) {
                 r = catalog_new_layer(s, frozen, &source_top);
                 if (r < 0)
                         goto fail;
@@ -600,6 +629,7 @@ int catalog_snapshot(Store *s, const SubvolumeRecord *source, const char *name, 
                 if (r < 0)
                         goto fail;
         }
+        snapshot_top = frozen;
         if (!readonly) {
                 r = catalog_new_layer(s, frozen, &snapshot_top);
                 if (r < 0)

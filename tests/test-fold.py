@@ -66,12 +66,13 @@ def write_files(store, name, prefix, count, seed):
             t.write_file(m.p(f'{prefix}{i}'), t.random_bytes(100 + 37 * i, seed + i), fsync=True)
 
 
-def reap_and_compare(store, what):
+def reap_and_compare(store, what, folds=True):
     before = state(store)
     folded = 0
     for _ in range(3):      # dropping layers makes folds possible for the next reap
         folded += store.json('reap', '--wait')['layers_folded']
-    t.check(folded > 0, f'{what}: the reaper folded no layer, so nothing was tested')
+    if folds:
+        t.check(folded > 0, f'{what}: the reaper folded no layer, so nothing was tested')
     after = state(store)
     for name in before:
         logical, inodes, files = after[name]
@@ -101,15 +102,29 @@ def check_new_inodes(store, name, seen, what, fsck=True):
 
 
 def test_unwritten_above_shared():
+    """Snapshots of a top never written since the last one stack no layer
+    on the source, nor on themselves: each is a new top on the layer
+    below, and every one of them is still its own."""
     with t.Store('fold-unwritten') as store:
         store.create('x')
         write_files(store, 'x', 'f', 5, 1)
         store.snapshot('x', 'keep')          # shares x's written layer for good
-        for i in range(3):                   # each freezes x's top, never written
+        depth = store.show('x')['depth']
+        for i in range(3):
             store.snapshot('x', f'gone{i}')
+        shown = {n: store.show(n) for n in ('x', 'keep', 'gone0', 'gone1', 'gone2')}
+        t.check_equal({n: i['depth'] for n, i in shown.items()}, dict.fromkeys(shown, depth),
+                      'depths after snapshots of an unwritten top')
+        t.check_equal(len({i['top_layer'] for i in shown.values()}), len(shown), 'distinct tops')
+        write_files(store, 'gone1', 'own', 2, 30)
+        write_files(store, 'x', 'later', 2, 31)
+        files = state(store)
+        t.check('own0' in files['gone1'][2] and 'own0' not in files['x'][2] and 'own0' not in files['gone0'][2],
+                'a file written in one snapshot is in no other')
+        t.check('later0' in files['x'][2] and 'later0' not in files['gone2'][2], 'x\'s later file is its own')
         for i in range(3):
             store.delete(f'gone{i}', reap=False)
-        seen = reap_and_compare(store, 'unwritten layers above a shared one')
+        seen = reap_and_compare(store, 'unwritten layers above a shared one', folds=False)
         check_new_inodes(store, 'x', seen, 'unwritten layers above a shared one')
 
 
@@ -410,7 +425,7 @@ def test_usage_during_fold():
 def run():
     t.require_fuse()
     sub = t.Subtests()
-    sub.run('never-written layers above a shared one', test_unwritten_above_shared)
+    sub.run('snapshots of a top never written', test_unwritten_above_shared)
     sub.run('written layers between snapshots', test_written_between)
     sub.run('one reap folds what deleted snapshots left', test_one_reap_folds)
     sub.run('fsck repairs a next inode number that is taken', test_fsck_next_ino)
