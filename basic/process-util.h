@@ -5,7 +5,9 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "cleanup.h"
 #include "string-util.h"
@@ -65,4 +67,48 @@ static inline bool process_identity_alive(const ProcessIdentity *id) {
         if (process_identity(id->pid, &now) < 0 || now.state == 'Z' || now.state == 'X')
                 return false;
         return now.start_time == id->start_time && streq(now.boot_id, id->boot_id);
+}
+
+/* The PID namespace of the caller: PIDs of records written in another mean
+ * nothing here. */
+static inline unsigned long long pid_namespace_id(void) {
+        struct stat st;
+
+        return stat("/proc/self/ns/pid", &st) < 0 ? 0 : (unsigned long long) st.st_ino;
+}
+
+/* The caller's identity as the text that records outliving it keep:
+ * "PID START-TIME BOOT-ID PID-NAMESPACE". */
+#define PROCESS_IDENTITY_TEXT_MAX 128
+
+static inline int process_identity_text_self(char ret[static PROCESS_IDENTITY_TEXT_MAX]) {
+        ProcessIdentity self;
+        int r;
+
+        r = process_identity(getpid(), &self);
+        if (r < 0)
+                return r;
+        snprintf(ret, PROCESS_IDENTITY_TEXT_MAX, "%d %llu %s %llu", (int) self.pid, self.start_time, self.boot_id,
+                 pid_namespace_id());
+        return 0;
+}
+
+/* Whether the process such a text names still runs: 1 if so, 0 if not,
+ * -EINVAL for a text that is none, -EXDEV for one of another PID
+ * namespace, which cannot be told from here. A text without the
+ * namespace is taken as of this one. */
+static inline int process_identity_text_alive(const char *text, pid_t *ret_pid) {
+        ProcessIdentity id = {};
+        unsigned long long pidns = 0;
+        int pid, n;
+
+        n = sscanf(text, "%d %llu %39s %llu", &pid, &id.start_time, id.boot_id, &pidns);
+        if (n < 3 || pid <= 0)
+                return -EINVAL;
+        id.pid = pid;
+        if (ret_pid)
+                *ret_pid = pid;
+        if (n == 4 && pidns != pid_namespace_id())
+                return -EXDEV;
+        return process_identity_alive(&id);
 }

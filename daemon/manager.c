@@ -323,9 +323,9 @@ static int on_signal(sd_event_source *s, const struct signalfd_siginfo *si, void
 static int claim_store(Manager *m, char **ret_error) {
         _cleanup_free_ char *dir = NULL, *path = NULL;
         _cleanup_close_ int fd = -EBADF;
-        ProcessIdentity holder = {}, self;
-        char text[160] = {};
-        int pid, r;
+        char text[PROCESS_IDENTITY_TEXT_MAX + 1] = {}, self[PROCESS_IDENTITY_TEXT_MAX];
+        pid_t pid = 0;
+        int r;
 
         if (asprintf(&dir, "%s-sandboxes", m->store_path) < 0 || asprintf(&path, "%s/.cowboxd", dir) < 0)
                 return -ENOMEM;
@@ -333,22 +333,25 @@ static int claim_store(Manager *m, char **ret_error) {
         fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
         if (fd < 0 || flock(fd, LOCK_EX) < 0)
                 return -errno;
-        r = process_identity(getpid(), &self);
+        r = process_identity_text_self(self);
         if (r < 0)
                 return r;
-        if (pread(fd, text, sizeof text - 1, 0) > 0 &&
-            sscanf(text, "%d %llu %39s", &pid, &holder.start_time, holder.boot_id) == 3 && pid > 0 &&
-            pid != self.pid) {
-                holder.pid = pid;
-                if (process_identity_alive(&holder)) {
-                        if (asprintf(ret_error, "another cowboxd (PID %d) serves the store at %s", pid,
+        if (pread(fd, text, sizeof text - 1, 0) > 0) {
+                r = process_identity_text_alive(text, &pid);
+                if (r > 0 && pid != getpid()) {
+                        if (asprintf(ret_error, "another cowboxd (PID %d) serves the store at %s", (int) pid,
                                      m->store_path) < 0)
                                 *ret_error = NULL;
                         return -EBUSY;
                 }
+                /* Its PID cannot be looked up from here: a container's
+                 * daemon is restarted in a new namespace, and would
+                 * otherwise never take its store back. */
+                if (r == -EXDEV)
+                        fprintf(stderr, "cowboxd: the store was last served by a cowboxd of another PID "
+                                "namespace (PID %d there); taking it over.\n", (int) pid);
         }
-        snprintf(text, sizeof text, "%d %llu %s\n", (int) self.pid, self.start_time, self.boot_id);
-        if (ftruncate(fd, 0) < 0 || pwrite(fd, text, strlen(text), 0) != (ssize_t) strlen(text))
+        if (ftruncate(fd, 0) < 0 || dprintf(fd, "%s\n", self) < 0)
                 return -errno;
         return 0;
 }

@@ -42,19 +42,12 @@
  * long lost its owner in between. */
 #define RECORD_EMPTY_STALE_SEC 60
 
-static unsigned long long own_pid_namespace(void) {
-        struct stat st;
-
-        return stat("/proc/self/ns/pid", &st) < 0 ? 0 : (unsigned long long) st.st_ino;
-}
-
 int run_record_create(const char *sandboxes_dir, const char *name, RunRecord *ret) {
-        ProcessIdentity self;
-        char line[128];
+        char line[PROCESS_IDENTITY_TEXT_MAX];
         int r;
 
         *ret = (RunRecord) { .fd = -EBADF };
-        r = process_identity(getpid(), &self);
+        r = process_identity_text_self(line);
         if (r < 0)
                 return r;
         if (asprintf(&ret->path, "%s/%s" RECORD_SUFFIX, sandboxes_dir, name) < 0) {
@@ -68,8 +61,6 @@ int run_record_create(const char *sandboxes_dir, const char *name, RunRecord *re
                 ret->path = NULL;
                 return r;
         }
-        snprintf(line, sizeof line, "%d %llu %s %llu", (int) self.pid, self.start_time, self.boot_id,
-                 own_pid_namespace());
         r = run_record_add(ret, "owner", line);
         if (r < 0)
                 run_record_remove(ret);
@@ -129,20 +120,12 @@ void run_record_close(RunRecord *rec) {
 /* Whether the record's owner may still be at work: a record that cannot be
  * read as one (but for a recent empty one) is not ours to act on. */
 static bool owner_may_live(const char *text, const struct stat *st) {
-        ProcessIdentity owner = {};
-        unsigned long long pidns;
-        int pid;
-
         if (!*text)
                 return time(NULL) - st->st_mtime < RECORD_EMPTY_STALE_SEC;
-        if (sscanf(text, "owner %d %llu %39s %llu", &pid, &owner.start_time, owner.boot_id, &pidns) != 4 ||
-            pid <= 0)
+        if (!startswith(text, "owner "))
                 return true;
-        owner.pid = pid;
-        /* Its PIDs mean nothing here: leave it to its own namespace. */
-        if (pidns != own_pid_namespace())
-                return true;
-        return process_identity_alive(&owner);
+        /* One of another PID namespace is left to that namespace. */
+        return process_identity_text_alive(text + strlen("owner "), NULL) != 0;
 }
 
 /* Only a sandbox's own cgroup, BASE/cowbox/NAME, is removed: never one

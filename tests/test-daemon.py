@@ -612,6 +612,40 @@ def check_second_daemon(bus, daemon, store):
     d.cowbox(bus, 'status')
 
 
+def own_identity(pidns):
+    """This process as a claim of the store names its daemon."""
+    with open('/proc/self/stat') as f:
+        start_time = f.read().rsplit(')', 1)[1].split()[19]
+    with open('/proc/sys/kernel/random/boot_id') as f:
+        boot_id = f.read().strip()
+    return f'{os.getpid()} {start_time} {boot_id} {pidns}\n'
+
+
+def check_claim_of_another_namespace(store):
+    """The claim of a daemon of another PID namespace, whose PID means
+    nothing here (a container's daemon is restarted in a new one), is
+    taken over, and says so; one of this namespace whose process runs is
+    not."""
+    claim = os.path.join(store.path + '-sandboxes', '.cowboxd')
+    own_ns = os.stat('/proc/self/ns/pid').st_ino
+    t.write_file(claim, own_identity(own_ns + 1).encode())
+    with d.bus_and_daemon(store) as (bus, daemon):
+        d.cowbox(bus, 'status')
+    log = open(daemon.log).read()
+    t.check(f'another PID namespace (PID {os.getpid()} there); taking it over' in log,
+            f'cowboxd on the claim of another namespace:\n{log[-2000:]}')
+    t.write_file(claim, own_identity(own_ns).encode())
+    bus = d.Bus(store)
+    try:
+        p = subprocess.run([d.daemon_exe(), '--store', store.path], env=dict(os.environ, **bus.env),
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        bus.stop()
+    t.check(p.returncode != 0 and f'another cowboxd (PID {os.getpid()}) serves the store' in p.stderr,
+            f'cowboxd on the claim of a process that runs: exit {p.returncode}\n{p.stderr}')
+    os.unlink(claim)
+
+
 def run():
     d.require_dbus()
     t.require_program('setpriv')
@@ -631,6 +665,7 @@ def run():
         check_daemon_refuses(store, nobody)
         check_reaper_marks(store)
         check_bus_without_policy(store)
+        check_claim_of_another_namespace(store)
         check_many_subvolumes(store)
 
         # Everything goes; the reaper gives the space back.
