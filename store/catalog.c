@@ -367,31 +367,33 @@ int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         _cleanup_free_ uint64_t *ids = NULL;
         size_t n = 0, allocated = 0;
+        bool bottom = false;
         int r;
 
         CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, "SELECT parent FROM layers WHERE id = ?1", &st);
+        /* One statement, one snapshot of the catalog: walked a query a
+         * layer, a fold committed between two of them left a parent
+         * without its row, which looked like damage. */
+        r = sqlite_prepare(s->catalog,
+                           "WITH RECURSIVE stack(id, parent, depth) AS ("
+                           "  SELECT id, parent, 0 FROM layers WHERE id = ?1"
+                           "  UNION ALL SELECT layers.id, layers.parent, stack.depth + 1"
+                           "  FROM layers JOIN stack ON layers.id = stack.parent WHERE stack.depth < 100000) "
+                           "SELECT id, parent IS NULL FROM stack ORDER BY depth", &st);
         if (r < 0)
                 return r;
-
-        for (uint64_t id = top; id != 0;) {
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) top);
+        while ((r = sqlite_step_row(st)) > 0) {
                 if (!GREEDY_REALLOC(ids, allocated, n + 1))
                         return -ENOMEM;
-                if (n > 100000) /* a loop in the tree: never made by us */
-                        return -EUCLEAN;
-                ids[n++] = id;
-
-                sqlite3_bind_int64(st, 1, (sqlite3_int64) id);
-                r = sqlite_step_row(st);
-                if (r < 0)
-                        return r;
-                if (r == 0) {
-                        sqlite3_reset(st);
-                        return -EUCLEAN;
-                }
-                id = (uint64_t) sqlite3_column_int64(st, 0);
-                sqlite3_reset(st);
+                ids[n++] = (uint64_t) sqlite3_column_int64(st, 0);
+                bottom = sqlite3_column_int(st, 1);
         }
+        if (r < 0)
+                return r;
+        /* A layer without its row, or a loop in the tree: never made by us. */
+        if (!bottom)
+                return -EUCLEAN;
 
         *ret_ids = TAKE_PTR(ids);
         *ret_n = n;

@@ -323,14 +323,16 @@ static int layers_load_once(Volume *v, bool *ret_missing);
 static int layers_load(Volume *v) {
         for (unsigned attempt = 0;; attempt++) {
                 bool missing = false;
-                int r;
+                int r, k;
 
+                /* Also when it failed: with every written layer folded
+                 * away, no counters were left to read. */
                 r = layers_load_once(v, &missing);
-                if (r < 0 || !missing || attempt >= 8)
+                if (!missing || attempt >= 8)
                         return r;
-                r = layers_current(v);
-                if (r != 0)
-                        return r < 0 ? r : 0;
+                k = layers_current(v);
+                if (k != 0)
+                        return k < 0 ? k : r;
                 layers_unload(v);
         }
 }
@@ -365,6 +367,10 @@ static int layers_load_once(Volume *v, bool *ret_missing) {
                 return r;
         v->quota_bytes = rec.quota_bytes;
         r = catalog_layer_stack(v->store, rec.top_layer, &ids, &n);
+        /* An image's top may have been folded into a new one since its
+         * row was read: nobody writes it, so the reaper takes no lock. */
+        if (r == -EUCLEAN)
+                *ret_missing = true;
         if (r < 0)
                 return r;
 

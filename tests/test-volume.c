@@ -573,6 +573,112 @@ static void test_parallel_reads(Store *s) {
         }
 }
 
+#define FOLD_RACE_ROUNDS 150
+
+/* Opens the subvolume the main thread names, read-only, over and over,
+ * through a store of its own, until told to stop. */
+typedef struct FoldReader {
+        pthread_mutex_t lock;
+        char name[32];
+        bool stop;
+        unsigned opens;
+        int error;              /* the first failure, negative errno */
+} FoldReader;
+
+static void *fold_reader(void *userdata) {
+        FoldReader *fr = userdata;
+        Store *s = NULL;
+
+        CHECK_OK(store_open(store_dir, &s));
+        for (;;) {
+                char name[32];
+                Volume *v = NULL;
+                int r;
+
+                pthread_mutex_lock(&fr->lock);
+                if (fr->stop || fr->error < 0) {
+                        pthread_mutex_unlock(&fr->lock);
+                        break;
+                }
+                memcpy(name, fr->name, sizeof name);
+                pthread_mutex_unlock(&fr->lock);
+                if (!*name)
+                        continue;
+                r = volume_open(s, name, false, &v, NULL);
+                if (r >= 0) {
+                        struct stat st;
+
+                        r = volume_lookup(v, 1, "b", &st);
+                        volume_close(v);
+                }
+                pthread_mutex_lock(&fr->lock);
+                fr->opens++;
+                if (r < 0 && r != -ENOENT && fr->error == 0)
+                        fr->error = r;
+                pthread_mutex_unlock(&fr->lock);
+        }
+        store_close(s);
+        return NULL;
+}
+
+/* A subvolume opened while the reaper folds the layers of its stack: a
+ * writable one whose top was never written, the layers below it folded;
+ * an image, its top folded with the layer below into a new top. The
+ * stack it read from the catalog names layers that are gone by the time
+ * it opens them, and it must load the new one rather than call the store
+ * damaged. */
+static void test_open_during_folds(Store *s) {
+        FoldReader fr = { .lock = PTHREAD_MUTEX_INITIALIZER };
+        pthread_t reader;
+        uint64_t folded = 0;
+
+        test_name = "open-during-folds";
+        CHECK(pthread_create(&reader, NULL, fold_reader, &fr) == 0);
+        for (unsigned i = 0; i < FOLD_RACE_ROUNDS && fr.error == 0; i++) {
+                char src[32], keep[32], name[32];
+                StoreReapStats stats;
+                Volume *v;
+
+                snprintf(src, sizeof src, "race-src-%u", i);
+                snprintf(keep, sizeof keep, "race-keep-%u", i);
+                snprintf(name, sizeof name, "race-%u", i);
+                /* name's stack: its empty top, then src's second and first
+                 * written layers, each shared until src and keep go. */
+                CHECK_OK(store_subvolume_create(s, src));
+                v = open_volume(s, src, true);
+                make_file(v, 1, "a");
+                volume_close(v);
+                CHECK_OK(store_subvolume_snapshot(s, src, keep, true));
+                v = open_volume(s, src, true);
+                make_file(v, 1, "b");
+                volume_close(v);
+                CHECK_OK(store_subvolume_snapshot(s, src, name, i % 2));
+                pthread_mutex_lock(&fr.lock);
+                memcpy(fr.name, name, sizeof name);
+                pthread_mutex_unlock(&fr.lock);
+                CHECK_OK(store_subvolume_delete(s, src, NULL));
+                CHECK_OK(store_subvolume_delete(s, keep, NULL));
+                CHECK_OK(store_reap(s, true, NULL, NULL, &stats, NULL));
+                folded += stats.layers_folded;
+                pthread_mutex_lock(&fr.lock);
+                fr.name[0] = 0;
+                pthread_mutex_unlock(&fr.lock);
+                for (unsigned tries = 0; store_subvolume_delete(s, name, NULL) == -EBUSY; tries++) {
+                        CHECK(tries < 1000);    /* the reader's last open lets go */
+                        (void) usleep(1000);
+                }
+        }
+        pthread_mutex_lock(&fr.lock);
+        fr.stop = true;
+        pthread_mutex_unlock(&fr.lock);
+        CHECK(pthread_join(reader, NULL) == 0);
+        printf("open-during-folds: %u opens, %" PRIu64 " layers folded\n", fr.opens, folded);
+        if (fr.error < 0)
+                fprintf(stderr, "open-during-folds: a read-only open failed: %s\n", strerror(-fr.error));
+        CHECK(fr.error == 0);
+        CHECK(folded > 0);
+}
+
 /* Counts the damage scrub reports in the subvolumes of this test. */
 static void count_damage_of(const StoreDamage *d, void *userdata) {
         if (d->subvolume && startswith(d->subvolume, "attrs"))
@@ -989,6 +1095,7 @@ int main(void) {
         test_snapshot_with_uuid(s);
         test_delete_reap_and_corruption(s);
         test_parallel_reads(s);
+        test_open_during_folds(s);
         test_flush_ahead(s);
         test_attributes_keep_content(s);
         test_write_faults(s);
