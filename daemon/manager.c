@@ -50,6 +50,9 @@ int manager_new(const char *store_path, Manager **ret) {
 Manager *manager_free(Manager *m) {
         if (!m)
                 return NULL;
+        /* Done in the event loop's exit, unless the loop failed. Before
+         * the workers are stopped: a removal answered here starts a reap. */
+        manager_stop_workspaces(m);
         for (Job *j = m->jobs; j; j = j->next)
                 if (j->worker > 0)
                         (void) kill(j->worker, SIGTERM);

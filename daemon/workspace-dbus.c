@@ -11,6 +11,8 @@
 #include "api.h"
 #include "cleanup.h"
 #include "manager.h"
+#include "string-util.h"
+#include "time-util.h"
 #include "workspace.h"
 
 #define _cleanup_json_ _cleanup_(json_decrefp)
@@ -62,6 +64,75 @@ static Workspace *find(Manager *m, const char *name, sd_bus_error *error) {
         if (!ws)
                 (void) workspace_error(workspace_name_is_valid(name) ? -ENOENT : -EINVAL, name, error);
         return ws;
+}
+
+/* A removal or a restore between the unmount and the moment its server,
+ * after its last commit, lets go of the subvolume: that can take seconds,
+ * in which the daemon answers other calls. Its own call is answered
+ * once the removal or the restore is done. */
+struct WorkspaceCall {
+        Manager *manager;
+        sd_bus_message *message;
+        char *name;
+        char *label;                    /* a restore's checkpoint; NULL: a removal */
+        json_t *checkpoints;            /* a removal's, for its signals */
+        bool had_subvolume;             /* a removal's */
+        sd_event_source *timer;
+        uint64_t deadline_usec;         /* CLOCK_MONOTONIC */
+        WorkspaceCall *next;
+};
+
+static WorkspaceCall *call_free(WorkspaceCall *c) {
+        if (!c)
+                return NULL;
+        if (c->manager)
+                for (WorkspaceCall **p = &c->manager->workspace_calls; *p; p = &(*p)->next)
+                        if (*p == c) {
+                                *p = c->next;
+                                break;
+                        }
+        sd_bus_message_unref(c->message);
+        sd_event_source_disable_unref(c->timer);
+        free(c->name);
+        free(c->label);
+        json_decref(c->checkpoints);
+        free(c);
+        return NULL;
+}
+
+static void call_freep(WorkspaceCall **c) {
+        call_free(*c);
+}
+
+static WorkspaceCall *call_new(sd_bus_message *message, const char *name, const char *label) {
+        _cleanup_(call_freep) WorkspaceCall *c = calloc(1, sizeof *c);
+
+        if (!c)
+                return NULL;
+        c->message = sd_bus_message_ref(message);
+        c->name = strdup(name);
+        c->label = label ? strdup(label) : NULL;
+        if (!c->name || (label && !c->label))
+                return NULL;
+        return TAKE_PTR(c);
+}
+
+static WorkspaceCall *pending_call(Manager *m, const char *name) {
+        for (WorkspaceCall *c = m->workspace_calls; c; c = c->next)
+                if (streq(c->name, name))
+                        return c;
+        return NULL;
+}
+
+/* Nothing else may change a workspace that is being switched over or
+ * removed, and a second removal or restore would unmount it again. */
+static int check_not_pending(Manager *m, const char *name, sd_bus_error *error) {
+        const WorkspaceCall *c = pending_call(m, name);
+
+        if (!c)
+                return 0;
+        return sd_bus_error_setf(error, API_ERROR_BUSY, "Workspace '%s' is being %s; try again once that is "
+                                 "done.", name, c->label ? "restored from a checkpoint" : "removed");
 }
 
 /* The owner may use their own workspace; root and the group any. */
@@ -201,42 +272,146 @@ int method_get_workspace(sd_bus_message *message, void *userdata, sd_bus_error *
         return api_reply_json(message, doc);
 }
 
+/* The rest of a removal, given the unmount's result (0 once released);
+ * the answer, or an error for the caller to send. */
+static int finish_remove(Manager *m, WorkspaceCall *c, int unmounted, sd_bus_error *error) {
+        size_t i;
+        json_t *v;
+        int r = unmounted;
+
+        if (r >= 0)
+                r = workspace_remove_unmounted(&m->workspaces, m->store, c->name);
+        if (r < 0)
+                return workspace_error(r, c->name, error);
+        if (c->had_subvolume)
+                signal_subvolume(m, c->name, NULL, false);
+        json_array_foreach(c->checkpoints, i, v)
+                signal_subvolume(m, c->name, json_string_value(json_object_get(v, "label")), false);
+        manager_reap_soon(m);
+        return sd_bus_reply_method_return(c->message, NULL);
+}
+
+static int finish_restore(Manager *m, WorkspaceCall *c, int unmounted, sd_bus_error *error) {
+        Workspace *ws;
+        int r;
+
+        r = workspace_restore_finish(&m->workspaces, m->store, m->store_path, c->name, unmounted);
+        /* The replaced state was deleted, also when the mount after it
+         * failed: its space is the reaper's to give back, and the
+         * workspace's subvolume is another one (another UUID) of the
+         * same name. */
+        if (r >= 0 || r == -ELOOP) {
+                signal_subvolume(m, c->name, NULL, false);
+                signal_subvolume(m, c->name, NULL, true);
+                manager_reap_soon(m);
+        }
+        ws = workspace_find(&m->workspaces, c->name);
+        if (r == -ELOOP && ws)
+                return unsafe_mount_point_error(ws, error);
+        return r < 0 ? workspace_error(r, c->name, error) : sd_bus_reply_method_return(c->message, NULL);
+}
+
+/* Finishes the removal or restore, answers its call and frees it. */
+static void call_finish(WorkspaceCall *c, int unmounted) {
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        Manager *m = c->manager;
+        int r;
+
+        r = c->label ? finish_restore(m, c, unmounted, &error) : finish_remove(m, c, unmounted, &error);
+        /* The caller may have left the bus meanwhile: nobody to tell. */
+        if (r < 0)
+                (void) (sd_bus_error_is_set(&error) ? sd_bus_reply_method_error(c->message, &error)
+                                                    : sd_bus_reply_method_errno(c->message, -r, NULL));
+        call_free(c);
+}
+
+static int on_release_check(sd_event_source *s, uint64_t usec, void *userdata) {
+        WorkspaceCall *c = userdata;
+        Workspace *ws = workspace_find(&c->manager->workspaces, c->name);
+        int r;
+
+        r = ws ? workspace_released(ws, c->manager->store) : 1;
+        if (r == 0 && monotonic_usec() < c->deadline_usec) {
+                r = sd_event_source_set_time_relative(s, WORKSPACE_RELEASE_POLL_USEC);
+                if (r >= 0)
+                        r = sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
+                if (r >= 0)
+                        return 0;
+        }
+        call_finish(c, r > 0 ? 0 : r == 0 ? -EBUSY : r);
+        return 0;
+}
+
+/* Given the result of workspace_unmount_start(): finishes the call now if
+ * that failed or the server let go already, and otherwise once it has,
+ * or at the deadline with -EBUSY. Takes c; its call is answered. */
+static int call_wait_released(Manager *m, WorkspaceCall *c, int unmounted) {
+        Workspace *ws = workspace_find(&m->workspaces, c->name);
+        int r = unmounted;
+
+        c->manager = m;
+        if (r >= 0)
+                r = ws ? workspace_released(ws, m->store) : 1;
+        if (r == 0) {
+                c->deadline_usec = monotonic_usec() + WORKSPACE_RELEASE_TIMEOUT_USEC;
+                r = sd_event_add_time_relative(m->event, &c->timer, CLOCK_MONOTONIC, WORKSPACE_RELEASE_POLL_USEC,
+                                               0, on_release_check, c);
+                if (r >= 0) {
+                        c->next = m->workspace_calls;
+                        m->workspace_calls = c;
+                        return 1;
+                }
+        }
+        call_finish(c, r > 0 ? 0 : r);
+        return 1;
+}
+
+void manager_stop_workspaces(Manager *m) {
+        /* Nothing else is served now: wait here, as long as they would
+         * have waited, rather than leave them half done. */
+        while (m->workspace_calls) {
+                WorkspaceCall *c = m->workspace_calls;
+                Workspace *ws = workspace_find(&m->workspaces, c->name);
+
+                c->timer = sd_event_source_disable_unref(c->timer);
+                call_finish(c, ws ? workspace_wait_released(ws, m->store, c->deadline_usec) : 0);
+        }
+}
+
 int method_remove_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        _cleanup_json_ json_t *checkpoints = NULL;
+        _cleanup_(call_freep) WorkspaceCall *c = NULL;
         _cleanup_free_ char *subvolume = NULL;
         StoreSubvolumeInfo info = {};
         Manager *m = userdata;
-        bool had_subvolume;
         const char *name;
-        size_t i;
-        json_t *v;
+        Workspace *ws;
         int r;
 
         r = sd_bus_message_read(message, "s", &name);
         if (r < 0)
                 return r;
-        if (!find(m, name, error))
+        ws = find(m, name, error);
+        if (!ws)
                 return -EINVAL;
         r = manager_check_caller(message, error);
         if (r < 0)
                 return r;
+        r = check_not_pending(m, name, error);
+        if (r < 0)
+                return r;
+        c = call_new(message, name, NULL);
+        if (!c)
+                return -ENOMEM;
         /* Its checkpoints go with it: their names for the signals. */
-        if (workspace_checkpoints_json(workspace_find(&m->workspaces, name), m->store, &checkpoints) < 0)
-                checkpoints = NULL;
+        if (workspace_checkpoints_json(ws, m->store, &c->checkpoints) < 0)
+                c->checkpoints = NULL;
         /* One listed by a daemon that died before it made the subvolume:
          * no signal announced that, and none says it went. */
-        had_subvolume = workspace_subvolume(name, NULL, &subvolume) >= 0 &&
-                        store_subvolume_show(m->store, subvolume, &info) >= 0;
+        c->had_subvolume = workspace_subvolume(name, NULL, &subvolume) >= 0 &&
+                           store_subvolume_show(m->store, subvolume, &info) >= 0;
         store_subvolume_info_clear(&info);
-        r = workspace_remove(&m->workspaces, m->store, name);
-        if (r < 0)
-                return workspace_error(r, name, error);
-        if (had_subvolume)
-                signal_subvolume(m, name, NULL, false);
-        json_array_foreach(checkpoints, i, v)
-                signal_subvolume(m, name, json_string_value(json_object_get(v, "label")), false);
-        manager_reap_soon(m);
-        return sd_bus_reply_method_return(message, NULL);
+        r = workspace_unmount_start(ws, m->store);
+        return call_wait_released(m, TAKE_PTR(c), r);
 }
 
 int method_set_workspace_limit(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -253,6 +428,8 @@ int method_set_workspace_limit(sd_bus_message *message, void *userdata, sd_bus_e
         if (bytes > (uint64_t) INT64_MAX)
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "That limit is too large; 0 means none.");
         r = manager_check_caller(message, error);
+        if (r >= 0)
+                r = check_not_pending(m, name, error);
         if (r < 0)
                 return r;
         r = workspace_set_limit(&m->workspaces, m->store, name, bytes);
@@ -274,6 +451,8 @@ int method_checkpoint_workspace(sd_bus_message *message, void *userdata, sd_bus_
         if (!workspace_name_is_valid(label))
                 return workspace_error(-EINVAL, label, error);
         r = check_owner_or_admin(message, ws, error);
+        if (r >= 0)
+                r = check_not_pending(m, name, error);
         if (r < 0)
                 return r;
         r = workspace_checkpoint(&m->workspaces, m->store, name, label);
@@ -284,6 +463,7 @@ int method_checkpoint_workspace(sd_bus_message *message, void *userdata, sd_bus_
 }
 
 int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        WorkspaceCall *c;
         Manager *m = userdata;
         const char *name, *label;
         Workspace *ws;
@@ -300,19 +480,19 @@ int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_err
         r = check_owner_or_admin(message, ws, error);
         if (r < 0)
                 return r;
-        r = workspace_restore(&m->workspaces, m->store, m->store_path, name, label);
-        /* The replaced state was deleted, also when the mount after it
-         * failed: its space is the reaper's to give back, and the
-         * workspace's subvolume is another one (another UUID) of the
-         * same name. */
-        if (r >= 0 || r == -ELOOP) {
-                signal_subvolume(m, name, NULL, false);
-                signal_subvolume(m, name, NULL, true);
-                manager_reap_soon(m);
+        r = check_not_pending(m, name, error);
+        if (r < 0)
+                return r;
+        c = call_new(message, name, label);
+        if (!c)
+                return -ENOMEM;
+        r = workspace_restore_prepare(&m->workspaces, m->store, name, label);
+        if (r < 0) {
+                call_free(c);
+                return workspace_error(r, name, error);
         }
-        if (r == -ELOOP)
-                return unsafe_mount_point_error(ws, error);
-        return r < 0 ? workspace_error(r, name, error) : sd_bus_reply_method_return(message, NULL);
+        r = workspace_unmount_start(ws, m->store);
+        return call_wait_released(m, c, r);
 }
 
 int method_list_checkpoints(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -340,8 +520,9 @@ static void watch_one(Manager *m, Workspace *ws, bool disk_full, uint64_t disk_f
         uint64_t used;
 
         /* Its server died: serve it again. Not while its subvolume is
-         * mounted elsewhere: that mount would fail, after a wait. */
-        if (workspace_server(ws, m->store) == WORKSPACE_NOT_SERVED)
+         * mounted elsewhere: that mount would fail, after a wait; nor
+         * while a removal or a restore has it unmounted. */
+        if (!pending_call(m, ws->name) && workspace_server(ws, m->store) == WORKSPACE_NOT_SERVED)
                 (void) workspace_mount(ws, m->store, m->store_path);
         /* A full disk stops every workspace's writers: each is told. */
         if (disk_full && !ws->disk_full)
@@ -388,7 +569,15 @@ static int on_watch(sd_event_source *s, uint64_t usec, void *userdata) {
         return sd_event_source_set_enabled(s, SD_EVENT_ONESHOT);
 }
 
+/* Before the bus's own exit source, which closes it: the calls answered
+ * here must still reach their callers. */
+static int on_daemon_exit(sd_event_source *s, void *userdata) {
+        manager_stop_workspaces(userdata);
+        return 0;
+}
+
 int manager_start_workspaces(Manager *m, char **ret_error) {
+        _cleanup_(sd_event_source_unrefp) sd_event_source *exit_source = NULL;
         int r;
 
         r = workspaces_load(&m->workspaces, m->store_path, ret_error);
@@ -397,5 +586,12 @@ int manager_start_workspaces(Manager *m, char **ret_error) {
         /* After a restart of the host, or of a server that died. */
         for (Workspace *ws = m->workspaces.list; ws; ws = ws->next)
                 (void) workspace_mount(ws, m->store, m->store_path);
+        r = sd_event_add_exit(m->event, &exit_source, on_daemon_exit, m);
+        if (r >= 0)
+                r = sd_event_source_set_priority(exit_source, SD_EVENT_PRIORITY_IMPORTANT);
+        if (r >= 0)
+                r = sd_event_source_set_floating(exit_source, true);
+        if (r < 0)
+                return r;
         return sd_event_add_time_relative(m->event, NULL, CLOCK_MONOTONIC, WATCH_INTERVAL_USEC, 0, on_watch, m);
 }

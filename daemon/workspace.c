@@ -21,10 +21,10 @@
 #include "process-util.h"
 #include "string-util.h"
 #include "state-file.h"
+#include "time-util.h"
 #include "workspace.h"
 
 #define MOUNT_READY_TIMEOUT_MS (30 * 1000)
-#define RELEASE_TIMEOUT_USEC (15 * 1000 * 1000)
 #define LABEL_MAX 64
 
 static uint64_t now_usec(void) {
@@ -502,34 +502,40 @@ int workspace_mount(Workspace *ws, Store *s, const char *store_path) {
         return wait_ready(rfd);
 }
 
-/* Waits until no server holds the subvolume. */
-static int wait_released(Store *s, const char *subvolume) {
-        for (uint64_t waited = 0; waited < RELEASE_TIMEOUT_USEC; waited += 50000) {
-                StoreSubvolumeInfo info = {};
-                int r = store_subvolume_show(s, subvolume, &info);
-                pid_t holder = info.mounted_by;
-
-                store_subvolume_info_clear(&info);
-                if (r == -ENOENT)
-                        return 0;       /* gone: nobody holds it */
-                if (r < 0)
-                        return r;
-                if (holder == 0)
-                        return 0;
-                (void) usleep(50000);
-        }
-        return -EBUSY;
-}
-
-int workspace_unmount(const Workspace *ws, Store *s) {
+int workspace_released(const Workspace *ws, Store *s) {
         _cleanup_free_ char *subvolume = NULL;
-        WorkspaceServer server;
+        StoreSubvolumeInfo info = {};
+        pid_t holder;
         int r;
 
         r = workspace_subvolume(ws->name, NULL, &subvolume);
         if (r < 0)
                 return r;
-        server = workspace_server(ws, s);
+        r = store_subvolume_show(s, subvolume, &info);
+        holder = info.mounted_by;
+        store_subvolume_info_clear(&info);
+        if (r == -ENOENT)
+                return 1;       /* gone: nobody holds it */
+        if (r < 0)
+                return r;
+        return holder == 0;
+}
+
+int workspace_wait_released(const Workspace *ws, Store *s, uint64_t deadline_usec) {
+        for (;;) {
+                int r = workspace_released(ws, s);
+
+                if (r != 0)
+                        return r < 0 ? r : 0;
+                if (monotonic_usec() >= deadline_usec)
+                        return -EBUSY;
+                (void) usleep(WORKSPACE_RELEASE_POLL_USEC);
+        }
+}
+
+int workspace_unmount_start(const Workspace *ws, Store *s) {
+        WorkspaceServer server = workspace_server(ws, s);
+
         if (server == WORKSPACE_HELD_ELSEWHERE)
                 /* Not its server: someone mounted the subvolume elsewhere,
                  * and will not let go because we wait. */
@@ -542,7 +548,16 @@ int workspace_unmount(const Workspace *ws, Store *s) {
                         return -EBUSY;
                 (void) umount2(ws->path, MNT_DETACH);
         }
-        return wait_released(s, subvolume);
+        return 0;
+}
+
+int workspace_unmount(const Workspace *ws, Store *s) {
+        int r;
+
+        r = workspace_unmount_start(ws, s);
+        if (r < 0)
+                return r;
+        return workspace_wait_released(ws, s, monotonic_usec() + WORKSPACE_RELEASE_TIMEOUT_USEC);
 }
 
 /* ---- the work ---- */
@@ -666,7 +681,7 @@ static int list_checkpoints(const Workspace *ws, Store *s, StoreSubvolumeInfo **
         return 0;
 }
 
-int workspace_remove(Workspaces *w, Store *s, const char *name) {
+int workspace_remove_unmounted(Workspaces *w, Store *s, const char *name) {
         _cleanup_free_ char *subvolume = NULL, *incoming = NULL;
         StoreSubvolumeInfo *checkpoints = NULL;
         Workspace *ws = workspace_find(w, name);
@@ -678,8 +693,6 @@ int workspace_remove(Workspaces *w, Store *s, const char *name) {
         r = workspace_subvolume(name, NULL, &subvolume);
         if (r >= 0 && asprintf(&incoming, "%s" WORKSPACE_RESTORING_SUFFIX, subvolume) < 0)
                 r = -ENOMEM;
-        if (r >= 0)
-                r = workspace_unmount(ws, s);
         if (r < 0)
                 return r;
         /* Deleted before the list is saved: on a full disk, the deletion
@@ -756,11 +769,10 @@ int workspace_checkpoint(Workspaces *w, Store *s, const char *name, const char *
         return store_subvolume_snapshot(s, subvolume, checkpoint, true);
 }
 
-int workspace_restore(Workspaces *w, Store *s, const char *store_path, const char *name, const char *label) {
+int workspace_restore_prepare(Workspaces *w, Store *s, const char *name, const char *label) {
         _cleanup_free_ char *subvolume = NULL, *checkpoint = NULL, *incoming = NULL;
         Workspace *ws = workspace_find(w, name);
         StoreSubvolumeInfo info = {};
-        bool deleted = false;
         int r;
 
         if (!ws)
@@ -781,9 +793,22 @@ int workspace_restore(Workspaces *w, Store *s, const char *store_path, const cha
         r = store_subvolume_snapshot(s, checkpoint, incoming, false);
         if (r >= 0)
                 r = store_subvolume_set_quota(s, incoming, ws->limit);
-        if (r < 0)
-                return r;
-        r = workspace_unmount(ws, s);
+        return r;
+}
+
+int workspace_restore_finish(Workspaces *w, Store *s, const char *store_path, const char *name, int unmounted) {
+        _cleanup_free_ char *subvolume = NULL, *incoming = NULL;
+        Workspace *ws = workspace_find(w, name);
+        bool deleted = false;
+        int r = unmounted;
+
+        if (!ws)
+                return -ENOENT;
+        if (workspace_subvolume(name, NULL, &subvolume) < 0 ||
+            asprintf(&incoming, "%s" WORKSPACE_RESTORING_SUFFIX, subvolume) < 0) {
+                (void) workspace_mount(ws, s, store_path);
+                return -ENOMEM;
+        }
         if (r >= 0) {
                 r = store_subvolume_delete(s, subvolume, NULL);
                 if (r == -ENOENT)

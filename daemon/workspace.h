@@ -86,6 +86,24 @@ int workspace_create(Workspaces *w, Store *s, const char *store_path, const char
  * a directory of root or its owner reached through directories only (a
  * symbolic link swapped in): nothing is mounted then. */
 int workspace_mount(Workspace *ws, Store *s, const char *store_path);
+
+/* After the unmount, the server makes its last commit and only then lets
+ * go of the subvolume: with much written and not yet committed, that
+ * takes seconds. How long to wait for it before giving up with -EBUSY,
+ * and how often to look. */
+#define WORKSPACE_RELEASE_TIMEOUT_USEC (15 * 1000 * 1000)
+#define WORKSPACE_RELEASE_POLL_USEC (50 * 1000)
+
+/* Unmounts it without waiting for its server to let go; -EBUSY if its
+ * subvolume is mounted elsewhere, or its files are in use. */
+int workspace_unmount_start(const Workspace *ws, Store *s);
+/* 1 once no server holds its subvolume (or it has none), 0 while one
+ * does, or a negative errno. */
+int workspace_released(const Workspace *ws, Store *s);
+/* Waits in a sleep until released, or -EBUSY at deadline_usec
+ * (CLOCK_MONOTONIC): for callers that serve nothing else meanwhile. */
+int workspace_wait_released(const Workspace *ws, Store *s, uint64_t deadline_usec);
+/* Both: unmounts, and waits up to WORKSPACE_RELEASE_TIMEOUT_USEC. */
 int workspace_unmount(const Workspace *ws, Store *s);
 bool workspace_is_mounted(const Workspace *ws);
 
@@ -100,12 +118,23 @@ typedef enum WorkspaceServer {
 
 WorkspaceServer workspace_server(const Workspace *ws, Store *s);
 
-/* Unmounts it, deletes its subvolume and checkpoints, and saves the list
- * without it; it stays listed if that save fails. */
-int workspace_remove(Workspaces *w, Store *s, const char *name);
+/* Removal and restore unmount the workspace in the middle. So that the
+ * caller may answer others while the server lets go, each is in two
+ * parts, and the caller unmounts in between (workspace_unmount_start(),
+ * then workspace_released() or workspace_wait_released()). */
+
+/* Once unmounted and released: deletes its subvolume and checkpoints, and
+ * saves the list without it; it stays listed if that save fails. */
+int workspace_remove_unmounted(Workspaces *w, Store *s, const char *name);
 int workspace_set_limit(Workspaces *w, Store *s, const char *name, uint64_t limit);
 int workspace_checkpoint(Workspaces *w, Store *s, const char *name, const char *label);
-int workspace_restore(Workspaces *w, Store *s, const char *store_path, const char *name, const char *label);
+/* Makes the restored state from checkpoint label, beside the workspace's:
+ * -ENOKEY if there is no such checkpoint. */
+int workspace_restore_prepare(Workspaces *w, Store *s, const char *name, const char *label);
+/* Given the unmount's result (0 once released, or a negative errno),
+ * switches the workspace over to the restored state and mounts it; if
+ * the unmount failed, drops the restored state and mounts the old one. */
+int workspace_restore_finish(Workspaces *w, Store *s, const char *store_path, const char *name, int unmounted);
 
 /* NULL if it cannot be made: no memory, or a name that is not UTF-8. */
 json_t *workspace_to_json(const Workspace *ws, Store *s);

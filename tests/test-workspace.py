@@ -528,6 +528,106 @@ def check_restore_left_behind(dev):
         store.fsck()
 
 
+def held_server(store, subvolume):
+    """Stops the server of subvolume: after an unmount it then holds the
+    subvolume as one busy with a long last commit does. Returns a function
+    that lets it go on."""
+    server = store.show(subvolume)['mounted_by']
+    t.check(server > 0, f'the server of {subvolume}')
+    os.kill(server, signal.SIGSTOP)
+    return lambda: os.kill(server, signal.SIGCONT)
+
+
+def call_in_background(bus, method, *args):
+    return subprocess.Popen(['gdbus', 'call', '--system', '--dest', 'org.cowbox1', '--object-path', '/org/cowbox1',
+                             '--method', f'org.cowbox1.Manager.{method}', *args], env=dict(os.environ, **bus.env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def answered_at_once(bus, what):
+    """Calls that touch no workspace are answered while an unmount waits."""
+    for method in ('GetStatus', 'ListSubvolumes', 'ListWorkspaces'):
+        start = time.monotonic()
+        d.gdbus_call(bus, method)
+        took = time.monotonic() - start
+        t.check(took < 5, f'{method} while {what} waits for a server\'s last commit: answered after {took:.1f}s')
+
+
+def check_unmount_waits_aside(dev):
+    """After the unmount of a removal or a restore, the server commits what
+    was written and only then lets go of the subvolume: seconds, with much
+    written. Meanwhile the daemon answers other calls, refuses other
+    changes of that workspace, and answers the removal or the restore
+    itself once the server let go; also when it is stopped meanwhile."""
+    with t.Store('workspace-unmount') as store:
+        make_image(store)
+        with d.bus_and_daemon(store) as (bus, daemon):
+            path = json.loads(d.cowbox(bus, '--json', 'workspace', 'create', 'slow', '--image', 'src-main',
+                                       '--owner', 'cowbox-test-dev').out)['path']
+            d.cowbox(bus, 'workspace', 'checkpoint', 'slow', 'good', user=dev)
+            # Written without fsync, as an editor or a compiler does.
+            as_user(bus, dev, USER_PYTHON, '-c', BUFFERED, path + '/big.o', '8')
+
+            resume = held_server(store, 'workspace-slow')
+            call = call_in_background(bus, 'RestoreWorkspace', 'slow', 'good')
+            try:
+                d.wait_for('the restore to unmount the workspace', lambda: not t.is_mounted(path))
+                answered_at_once(bus, 'a restore')
+                for args in (('workspace', 'rm', 'slow'), ('workspace', 'checkpoint', 'slow', 'other'),
+                             ('workspace', 'set-limit', 'slow', '1G'), ('workspace', 'restore', 'slow', 'good')):
+                    r = d.cowbox(bus, *args, expect=1)
+                    t.check('is being restored' in r.err, f'{args} while a restore waits:\n{r.err}')
+                t.check(call.poll() is None, 'the restore answered before the server let go')
+            finally:
+                resume()
+            out, err = call.communicate(timeout=60)
+            t.check_equal((call.returncode, err), (0, ''), 'the restore once the server let go')
+            t.check_equal(json.loads(d.cowbox(bus, '--json', 'workspace', 'show', 'slow').out)['state'], 'mounted',
+                          'the restored workspace')
+            t.check(not os.path.exists(path + '/big.o'), 'a file written after the checkpoint, after the restore')
+
+            as_user(bus, dev, USER_PYTHON, '-c', BUFFERED, path + '/big.o', '8')
+            resume = held_server(store, 'workspace-slow')
+            call = call_in_background(bus, 'RemoveWorkspace', 'slow')
+            try:
+                d.wait_for('the removal to unmount the workspace', lambda: not t.is_mounted(path))
+                answered_at_once(bus, 'a removal')
+                r = d.cowbox(bus, 'workspace', 'rm', 'slow', expect=1)
+                t.check('is being removed' in r.err, f'a second removal while one waits:\n{r.err}')
+                # The watch (every 2 s) must not mount it again meanwhile.
+                time.sleep(2.5)
+                t.check(not t.is_mounted(path), 'a workspace being removed, mounted again')
+                t.check(call.poll() is None, 'the removal answered before the server let go')
+            finally:
+                resume()
+            out, err = call.communicate(timeout=60)
+            t.check_equal((call.returncode, err), (0, ''), 'the removal once the server let go')
+            t.check_equal(workspace_names(bus), [], 'workspaces after the removal')
+            t.check_equal([n for n in store.names() if n.startswith('workspace-')], [],
+                          'subvolumes of the removed workspace')
+
+            # Stopped while a removal waits: the daemon waits for the
+            # server before it exits, and answers the removal.
+            path = json.loads(d.cowbox(bus, '--json', 'workspace', 'create', 'late', '--image', 'src-main',
+                                       '--owner', 'cowbox-test-dev').out)['path']
+            resume = held_server(store, 'workspace-late')
+            call = call_in_background(bus, 'RemoveWorkspace', 'late')
+            try:
+                d.wait_for('the removal to unmount the workspace', lambda: not t.is_mounted(path))
+                daemon.proc.terminate()
+                time.sleep(1)
+            finally:
+                resume()
+            daemon.proc.wait(30)
+            out, err = call.communicate(timeout=60)
+            t.check_equal((call.returncode, err), (0, ''), 'a removal answered by a daemon that stops')
+            daemon.start()
+            t.check_equal(workspace_names(bus), [], 'workspaces after a removal answered at the stop')
+            t.check_equal([n for n in store.names() if n.startswith('workspace-')], [],
+                          'subvolumes of a workspace removed at the stop')
+        store.fsck()
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -640,6 +740,7 @@ def run():
     check_crash_creating(dev)
     check_restore_cut_short(dev)
     check_restore_left_behind(dev)
+    check_unmount_waits_aside(dev)
     check_disk_full()
 
 
