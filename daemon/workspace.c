@@ -74,14 +74,23 @@ Workspace *workspace_find(const Workspaces *w, const char *name) {
 
 Workspace *workspace_find_by_subvolume(const Workspaces *w, const char *subvolume, bool or_checkpoint) {
         const char *name, *label;
+        size_t n;
 
         if (!startswith(subvolume, WORKSPACE_PREFIX))
                 return NULL;
         name = subvolume + strlen(WORKSPACE_PREFIX);
+        n = strlen(name);
         label = or_checkpoint ? strstr(name, WORKSPACE_CHECKPOINT_SEPARATOR) : NULL;
+        if (label)
+                n = (size_t) (label - name);
+        /* A restore's new state is the workspace's own: other calls are
+         * answered while the restore waits for the old state's server, and
+         * one that deleted, renamed or froze it then would leave the
+         * workspace with no state, or a read-only one. */
+        else if (endswith(name, WORKSPACE_RESTORING_SUFFIX))
+                n -= strlen(WORKSPACE_RESTORING_SUFFIX);
         for (Workspace *ws = w->list; ws; ws = ws->next)
-                if (label ? strncmp(ws->name, name, (size_t) (label - name)) == 0 && !ws->name[label - name]
-                          : streq(ws->name, name))
+                if (strncmp(ws->name, name, n) == 0 && !ws->name[n])
                         return ws;
         return NULL;
 }

@@ -58,7 +58,8 @@ int workspaces_load(Workspaces *w, const char *store_path, char **ret_error);
 void workspaces_done(Workspaces *w);
 int workspaces_save(const Workspaces *w);
 Workspace *workspace_find(const Workspaces *w, const char *name);
-/* The workspace whose own subvolume this is, or also whose checkpoint. */
+/* The workspace whose own subvolume this is (also a restore's new state,
+ * NAME+restoring), or also whose checkpoint. */
 Workspace *workspace_find_by_subvolume(const Workspaces *w, const char *subvolume, bool or_checkpoint);
 bool workspace_name_is_valid(const char *name);
 

@@ -577,6 +577,13 @@ def check_unmount_waits_aside(dev):
                              ('workspace', 'set-limit', 'slow', '1G'), ('workspace', 'restore', 'slow', 'good')):
                     r = d.cowbox(bus, *args, expect=1)
                     t.check('is being restored' in r.err, f'{args} while a restore waits:\n{r.err}')
+                # The restored state, not yet under the workspace's name, is
+                # the workspace's all the same.
+                for method, *args in (('DeleteSubvolume',), ('Rename', 'taken'), ('SetReadOnly', 'true'),
+                                      ('SetQuota', '1')):
+                    r = d.gdbus_call(bus, method, 'workspace-slow+restoring', *args, expect='fail')
+                    t.check_equal(d.error_name(r), 'org.cowbox1.Error.Busy',
+                                  f'{method} of the state a restore is about to switch to')
                 t.check(call.poll() is None, 'the restore answered before the server let go')
             finally:
                 resume()
