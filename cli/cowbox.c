@@ -94,6 +94,18 @@ static int connect_bus(sd_bus **ret) {
         return 0;
 }
 
+/* cowboxd answers these once a workspace's FUSE server has let go of it
+ * (up to 15 s) and a new one serves it (up to 30 s): more than sd-bus's
+ * default 25 s. Others answer at once, or start a job. */
+static uint64_t call_timeout_usec(const char *method) {
+        static const char *const waiting[] = { "CreateWorkspace", "RemoveWorkspace", "RestoreWorkspace" };
+
+        for (size_t i = 0; i < ELEMENTSOF(waiting); i++)
+                if (streq(method, waiting[i]))
+                        return 120 * 1000000ULL;
+        return 0;
+}
+
 /* Calls a Manager method with the arguments in ap; ret receives the reply. */
 static int call_va(sd_bus *bus, const char *method, sd_bus_message **ret, sd_bus_error *error,
                    const char *types, va_list ap) {
@@ -105,7 +117,7 @@ static int call_va(sd_bus *bus, const char *method, sd_bus_message **ret, sd_bus
                 r = sd_bus_message_appendv(m, types, ap);
         if (r < 0)
                 return r;
-        return sd_bus_call(bus, m, 0, error, ret);
+        return sd_bus_call(bus, m, call_timeout_usec(method), error, ret);
 }
 
 /* Prints a document from the daemon: as it is with --json, else through a
