@@ -142,6 +142,19 @@ class Daemon:
                 self.proc.wait()
 
 
+def run_daemon_to_exit(store, bus=None):
+    """Runs cowboxd, on a bus of its own unless given one, until it exits:
+    for a daemon that must refuse to start."""
+    own = bus is None
+    bus = bus or Bus(store)
+    try:
+        return subprocess.run([daemon_exe(), '--store', store.path], env=dict(os.environ, **bus.env),
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        if own:
+            bus.stop()
+
+
 @contextlib.contextmanager
 def bus_and_daemon(store, policy='contrib', args=(), env=None, cgroup=None):
     bus = Bus(store, policy)

@@ -180,12 +180,7 @@ def check_damaged_state(store):
         damaged = good[:len(good) // 2] + b'\x00garbage'
         with open(path, 'wb') as f:
             f.write(damaged)
-        bus = d.Bus(store)
-        try:
-            p = subprocess.run([d.daemon_exe(), '--store', store.path], env=dict(os.environ, **bus.env),
-                               capture_output=True, text=True, timeout=60)
-        finally:
-            bus.stop()
+        p = d.run_daemon_to_exit(store)
         t.check(p.returncode != 0, f'cowboxd started with a damaged {path}: {p.stderr}')
         t.check(path in p.stderr and f'list of {listed}' in p.stderr and re.search(r'line \d+, column \d+', p.stderr)
                 and 'Structure needs cleaning' not in p.stderr, f'what cowboxd says of a damaged {path}:\n{p.stderr}')

@@ -599,10 +599,8 @@ def check_second_daemon(bus, daemon, store):
     other = d.Bus(store)
     try:
         for what, b in (('the same bus', bus), ('another bus', other)):
-            env = dict(os.environ, **b.env)
             start = time.monotonic()
-            p = subprocess.run([d.daemon_exe(), '--store', store.path], env=env, capture_output=True, text=True,
-                               timeout=60)
+            p = d.run_daemon_to_exit(store, b)
             t.check(p.returncode != 0 and f'another cowboxd (PID {daemon.proc.pid}) serves the store' in p.stderr,
                     f'a second cowboxd on {what}: exit {p.returncode}\n{p.stderr}')
             t.check(time.monotonic() - start < 10, f'a second cowboxd on {what} took {time.monotonic() - start:.1f} s '
@@ -635,12 +633,7 @@ def check_claim_of_another_namespace(store):
     t.check(f'another PID namespace (PID {os.getpid()} there); taking it over' in log,
             f'cowboxd on the claim of another namespace:\n{log[-2000:]}')
     t.write_file(claim, own_identity(own_ns).encode())
-    bus = d.Bus(store)
-    try:
-        p = subprocess.run([d.daemon_exe(), '--store', store.path], env=dict(os.environ, **bus.env),
-                           capture_output=True, text=True, timeout=60)
-    finally:
-        bus.stop()
+    p = d.run_daemon_to_exit(store)
     t.check(p.returncode != 0 and f'another cowboxd (PID {os.getpid()}) serves the store' in p.stderr,
             f'cowboxd on the claim of a process that runs: exit {p.returncode}\n{p.stderr}')
     os.unlink(claim)
