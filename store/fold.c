@@ -273,6 +273,50 @@ static int build_merged(Store *s, const FoldCandidate *fc, uint64_t merged, bool
         return layer_journal_delete(db);
 }
 
+/* In a transaction: -ESTALE unless the pair is still one to fold, as
+ * find_candidates() found it before the fold took the writer's lock. A
+ * snapshot of a top never written meanwhile makes the lower a read-only
+ * snapshot's top, or the parent of a writable one's. */
+static int check_pair(Store *s, const FoldCandidate *fc) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        if (fc->lower == fc->upper)
+                return 0;
+        r = sqlite_prepare(s->catalog,
+                           "SELECT (SELECT count(*) FROM layers WHERE parent = ?1) = 1"
+                           "  AND EXISTS (SELECT 1 FROM layers WHERE id = ?2 AND parent = ?1)"
+                           "  AND NOT EXISTS (SELECT 1 FROM subvolumes WHERE top_layer = ?1)", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) fc->lower);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64) fc->upper);
+        r = sqlite_step_row(st);
+        if (r <= 0)
+                return r < 0 ? r : -EIO;
+        return sqlite3_column_int(st, 0) ? 0 : -ESTALE;
+}
+
+/* In the transaction of swap_in(), which it ends: M's row goes, since M
+ * is not used, or it would stand beside the lower as a child of the
+ * lower's parent until the next reap. -ESTALE, or a negative errno. */
+static int drop_merged(Store *s, uint64_t merged) {
+        char sql[96];
+        int r;
+
+        snprintf(sql, sizeof sql, "DELETE FROM layers WHERE id = %" PRIu64, merged);
+        r = sqlite_exec(s->catalog, sql);
+        if (r >= 0)
+                r = catalog_fold_done(s);
+        if (r >= 0)
+                r = sqlite_commit(s->catalog);
+        if (r < 0) {
+                sqlite_rollback(s->catalog);
+                return r;
+        }
+        return -ESTALE;
+}
+
 static int swap_in(Store *s, const FoldCandidate *fc, uint64_t merged) {
         _cleanup_stmt_ sqlite3_stmt *a = NULL, *b = NULL;
         int r;
@@ -281,7 +325,11 @@ static int swap_in(Store *s, const FoldCandidate *fc, uint64_t merged) {
         r = sqlite_begin(s->catalog);
         if (r < 0)
                 return r;
-        r = sqlite_prepare(s->catalog, "UPDATE layers SET parent = ?1 WHERE parent = ?2", &a);
+        r = check_pair(s, fc);
+        if (r == -ESTALE)
+                return drop_merged(s, merged);
+        if (r >= 0)
+                r = sqlite_prepare(s->catalog, "UPDATE layers SET parent = ?1 WHERE parent = ?2", &a);
         if (r >= 0)
                 r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET top_layer = ?1 WHERE top_layer = ?2", &b);
         if (r >= 0) {
@@ -396,6 +444,9 @@ static int fold_one(Store *s, const FoldCandidate *fc, Pace *pace, StoreReapStat
         }
         if (r < 0) {
                 (void) layer_unlink(s, merged);
+                /* Changed since it was found: a later reap looks again. */
+                if (r == -ESTALE)
+                        return 0;
                 if (r != -EIO)
                         return r;
                 /* A damaged row: the pair stays as it is, for scrub to

@@ -13,7 +13,9 @@ fold of two such layers made a database with the counters of an empty
 subvolume: the origin showed 0 inodes, and its next new file took inode 2
 and with it the content of the file that had it.) usage counts nothing of
 the layer a fold is building as reclaimable, and of one a killed fold left,
-its file alone; a fold's writes count against the reaper's rate. Last,
+its file alone; a fold's writes count against the reaper's rate. A
+snapshot taken after the reaper chose the layer below its source's top
+to fold keeps that layer. Last,
 seeded random sequences of writes, snapshots, deletes and reaps, checked
 against a model after every reap.
 
@@ -23,6 +25,7 @@ against a model after every reap.
 """
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -422,6 +425,90 @@ def test_usage_during_fold():
         store.fsck()
 
 
+def lock_path(store, name):
+    return os.path.join(store.path, 'locks', f'subvolume-{store.show(name)["id"]}.lock')
+
+
+def hold_lock(store, name):
+    """Holds the lock of a subvolume; say_holder() tells the others who
+    holds it and whether for a moment, as a fold or a snapshot does (they
+    wait), or for long, as a server does (they are refused at once)."""
+    f = open(lock_path(store, name), 'a+')
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
+
+
+def wait_for_waiter(pid, path, what):
+    """Until process pid has the lock file open: it waits for the lock."""
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(OSError):
+            fds = os.listdir(f'/proc/{pid}/fd')
+            if any(os.readlink(f'/proc/{pid}/fd/{fd}') == path for fd in fds):
+                return
+        t.check(time.monotonic() < deadline, f'{what} did not come to wait for the lock')
+        time.sleep(0.01)
+
+
+def say_holder(f, brief):
+    f.seek(0)
+    f.truncate()
+    f.write(f'{os.getpid()}{" brief" if brief else ""}\n')
+    f.flush()
+
+
+def layer_rows(store):
+    db = sqlite3.connect(f'file:{os.path.join(store.path, "catalog.db")}?mode=ro', uri=True)
+    try:
+        return {row[0] for row in db.execute('SELECT id FROM layers')}
+    finally:
+        db.close()
+
+
+def test_snapshot_during_fold():
+    """A snapshot of a top never written, taken after the reaper chose that
+    top and the layer below as a pair to fold and before it took the
+    top's lock, makes the layer below another subvolume's: a read-only
+    snapshot's top, a writable one's parent. The fold, which would merge
+    that layer away, sees this and leaves the pair; the snapshots keep
+    their files. The reaper is held at the pair before it (whose lock is
+    held as if for a moment) while the snapshots are taken."""
+    with t.Store('fold-snapshot-race') as store:
+        for name, seed in (('before', 80), ('x', 81)):
+            store.create(name)
+            write_files(store, name, 'f', 2, seed)
+            store.snapshot(name, f'{name}-gone', readonly=True)
+            store.delete(f'{name}-gone', reap=False)
+        seen = state(store)
+        rows = layer_rows(store)
+        lock = hold_lock(store, 'before')
+        try:
+            say_holder(lock, brief=True)
+            reaper = subprocess.Popen([t.tool(), '--store', store.path, '--json', 'reap', '--wait'],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            wait_for_waiter(reaper.pid, lock_path(store, 'before'), 'the reaper')
+            store.snapshot('x', 'x-ro', readonly=True)
+            store.snapshot('x', 'x-rw')
+            say_holder(lock, brief=False)   # the reaper skips the first pair
+            out, err = reaper.communicate(timeout=60)
+        finally:
+            lock.close()
+        t.check_equal(reaper.returncode, 0, f'the reap: {err.decode(errors="replace")}')
+        store.fsck()
+        after = state(store)
+        for name in ('x-ro', 'x-rw'):
+            t.check_equal(after[name][2], seen['x'][2], f'the files of {name}, taken during the fold')
+        t.check_equal(after['x'], seen['x'], 'x after the fold')
+        t.check_equal(json.loads(out)['layers_folded'], 0, 'layers the reap folded (the pairs it was held at, '
+                      'and the one the snapshots changed)')
+        t.check_equal(layer_rows(store), rows | {store.show('x-rw')['top_layer']},
+                      'layers after the reap (the one it built for the pair it left is gone)')
+        for _ in range(2):
+            store.reap()
+        t.check_equal(state(store), after, 'subvolumes after the reaps that followed')
+        store.fsck()
+
+
 def run():
     t.require_fuse()
     sub = t.Subtests()
@@ -430,6 +517,7 @@ def run():
     sub.run('one reap folds what deleted snapshots left', test_one_reap_folds)
     sub.run('fsck repairs a next inode number that is taken', test_fsck_next_ino)
     sub.run('usage during a fold, and after one was killed', test_usage_during_fold)
+    sub.run('snapshots of a top never written during a fold', test_snapshot_during_fold)
     sub.run('random writes, snapshots, deletes and reaps', test_random)
     sub.check()
 
