@@ -727,6 +727,26 @@ static int layer_users_compare(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
+/* Whether the subvolume's stack is still ids: 1 if so, or if it cannot be
+ * told (a deleted subvolume, shown by UUID), 0 if it changed. */
+static int stack_is_current(Store *s, uint64_t id, const uint64_t *ids, size_t n) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord now = {};
+        _cleanup_free_ uint64_t *now_ids = NULL;
+        size_t now_n = 0;
+        int r;
+
+        r = catalog_find_subvolume_by_id(s, id, &now);
+        if (r == -ENOENT)
+                return 1;
+        if (r >= 0)
+                r = catalog_layer_stack(s, now.top_layer, &now_ids, &now_n);
+        if (r == -EUCLEAN)
+                return 0;
+        if (r < 0)
+                return r;
+        return now_n == n && memcmp(now_ids, ids, n * sizeof *ids) == 0;
+}
+
 /* Fills the space figures of one subvolume from its layers, each opened
  * once: all but a writable subvolume's top are frozen and read as they
  * are, without the journal files and locks of a connection that could
@@ -734,7 +754,7 @@ static int layer_users_compare(const void *a, const void *b) {
  * subvolume (all_users NULL) from the catalog, layer by layer. */
 static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_users, StoreSubvolumeInfo *info) {
         _cleanup_free_ uint64_t *ids = NULL;
-        bool counted = false, lost = false, shared = false;
+        bool counted = false, lost = false, shared = false, missing = false;
         size_t n = 0;
         int r;
 
@@ -754,8 +774,10 @@ static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_
                  * scrub name: the listing of the others goes on. */
                 if (r == -EUCLEAN)
                         lost = true;
-                if (r == -ENOENT || r == -EUCLEAN)
+                if (r == -ENOENT || r == -EUCLEAN) {
+                        missing = missing || i > 0 || r == -EUCLEAN;     /* a top is made lazily */
                         continue;
+                }
                 if (r < 0)
                         return r;
                 r = layer_read_counters(db, &lc);
@@ -769,11 +791,13 @@ static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_
                 }
                 info->referenced_bytes += lc.stored_bytes;
 
-                /* A layer below a shared one is shared too. */
-                if (!shared && all_users) {
-                        users = bsearch(&ids[i], all_users, n_users, sizeof *all_users, layer_users_compare);
-                        shared = users && users->users > 1;
-                } else if (!shared) {
+                /* A layer below a shared one is shared too. One that
+                 * all_users does not know was made by a fold since. */
+                users = all_users && !shared ? bsearch(&ids[i], all_users, n_users, sizeof *all_users,
+                                                      layer_users_compare) : NULL;
+                if (users)
+                        shared = users->users > 1;
+                else if (!shared) {
                         r = catalog_layer_is_shared(s, ids[i]);
                         if (r < 0)
                                 return r;
@@ -781,6 +805,13 @@ static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_
                 }
                 if (!shared)
                         info->exclusive_bytes += lc.stored_bytes;
+        }
+        /* Layers the reaper folded away since the stack was read: the
+         * caller reads the new one. */
+        if (missing) {
+                r = stack_is_current(s, info->id, ids, n);
+                if (r <= 0)
+                        return r < 0 ? r : -EUCLEAN;
         }
         /* Every stack has a bottom layer with a root, unless it is lost. */
         return counted || lost ? 0 : -EUCLEAN;
