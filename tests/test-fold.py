@@ -6,12 +6,11 @@ contents and inode numbers, and its figures (logical bytes, inodes), and
 the files made after it take inode numbers nobody has; fsck finds a subvolume whose next inode
 number is taken or whose counts of inodes and bytes disagree with its
 layers, and repairs them, and a mount before the repair hands out no
-number that is taken. Among the folds:
-layers that were never written (a snapshot freezes the origin's top even
-when it is still empty), above a layer that a live snapshot shares. (A
-fold of two such layers made a database with the counters of an empty
-subvolume: the origin showed 0 inodes, and its next new file took inode 2
-and with it the content of the file that had it.) usage counts nothing of
+number that is taken. A snapshot of a top never written stacks no layer
+on its source (such layers once came about, and a fold of two of them
+made a database with the counters of an empty subvolume: the origin
+showed 0 inodes, and its next new file took inode 2 and with it the
+content of the file that had it). usage counts nothing of
 the layer a fold is building as reclaimable, and of one a killed fold left,
 its file alone; a fold's writes count against the reaper's rate. A
 snapshot taken after the reaper chose the layer below its source's top
