@@ -450,18 +450,26 @@ static int check_mount_point(const Workspace *ws) {
 /* A restore switches the workspace over to its new state in two commits,
  * the old state deleted, then the new one renamed: a crash in between
  * leaves the new state under its temporary name and none under the
- * workspace's. The switch is finished before the workspace is served. */
+ * workspace's. The switch is finished before the workspace is served.
+ * A crash before the old state was deleted leaves both: that restore
+ * never happened, and its new state goes. Nobody else may delete it (it
+ * is the workspace's), and it would keep the checkpoint's layers. None
+ * is mounted while a restore waits to switch over. */
 static int finish_restore(Store *s, const char *subvolume) {
         _cleanup_free_ char *incoming = NULL;
         StoreSubvolumeInfo info = {};
         int r;
 
-        r = store_subvolume_show(s, subvolume, &info);
-        store_subvolume_info_clear(&info);
-        if (r != -ENOENT)
-                return r < 0 ? r : 0;
         if (asprintf(&incoming, "%s" WORKSPACE_RESTORING_SUFFIX, subvolume) < 0)
                 return -ENOMEM;
+        r = store_subvolume_show(s, subvolume, &info);
+        store_subvolume_info_clear(&info);
+        if (r >= 0) {
+                (void) store_subvolume_delete(s, incoming, NULL);
+                return 0;
+        }
+        if (r != -ENOENT)
+                return r;
         r = store_subvolume_rename(s, incoming, subvolume);
         return r == -ENOENT ? 0 : r;
 }
@@ -472,15 +480,18 @@ int workspace_mount(Workspace *ws, Store *s, const char *store_path) {
         int fds[2], status, r;
         pid_t pid;
 
+        r = workspace_subvolume(ws->name, NULL, &subvolume);
+        if (r < 0)
+                return r;
+        /* Also for one still served, as after a restart of the daemon: a
+         * restore that died before it switched leaves it served. */
+        r = finish_restore(s, subvolume);
         if (workspace_is_mounted(ws)) {
                 if (workspace_server(ws, s) == WORKSPACE_SERVED)
                         return 0;
                 /* Its server is gone: clear the dead mount, serve it anew. */
                 (void) umount2(ws->path, MNT_DETACH | UMOUNT_NOFOLLOW);
         }
-        r = workspace_subvolume(ws->name, NULL, &subvolume);
-        if (r >= 0)
-                r = finish_restore(s, subvolume);
         if (r < 0)
                 return r;
         r = ws->mount_error = check_mount_point(ws);

@@ -497,8 +497,12 @@ def check_restore_cut_short(dev):
 def check_restore_left_behind(dev):
     """A daemon killed in a restore after it made the restored state, before
     it deleted the old one, leaves workspace-NAME+restoring beside the
-    workspace: its removal removes that too, and a later workspace of the
-    same name never gets the removed one's files."""
+    workspace. That restore never happened: the next daemon drops the
+    restored state when it serves the workspace (nobody else may delete
+    it, the workspace's, and it would keep the checkpoint's space), and
+    the workspace keeps its files. Its removal removes that too, and a
+    later workspace of the same name never gets the removed one's
+    files."""
     with t.Store('workspace-restore-left') as store:
         make_image(store)
         with d.bus_and_daemon(store) as (bus, daemon):
@@ -511,6 +515,14 @@ def check_restore_left_behind(dev):
             state = os.path.join(store.path + '-workspaces', '.workspaces.json')
             listed = json.loads(t.read_file(state))['workspaces'][0]
             daemon.start()
+            t.check_equal([n for n in store.names() if n.startswith('workspace-old')],
+                          ['workspace-old', 'workspace-old@good'], 'subvolumes of a workspace whose restore a '
+                          'crash cut short before it deleted the old state, after a restart')
+            t.check_equal(t.read_file(os.path.join(path, 'state')), b'secret\n',
+                          'the workspace whose restore a crash cut short before it deleted the old state')
+
+            # One made while the daemon runs goes with the workspace.
+            store.snapshot('workspace-old@good', 'workspace-old+restoring')
             d.cowbox(bus, 'workspace', 'rm', 'old')
             t.check_equal([n for n in store.names() if n.startswith('workspace-')], [],
                           'subvolumes of a removed workspace whose restore a crash cut short')
