@@ -206,6 +206,8 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
                 return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "No user '%s' on this host.",
                                          api_option_string(opts, "owner", ""));
         r = manager_check_caller(message, error);
+        if (r >= 0)
+                r = check_not_pending(m, name, error);
         if (r < 0)
                 return r;
         if (path) {

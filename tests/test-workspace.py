@@ -613,6 +613,8 @@ def check_unmount_waits_aside(dev):
                 answered_at_once(bus, 'a removal')
                 r = d.cowbox(bus, 'workspace', 'rm', 'slow', expect=1)
                 t.check('is being removed' in r.err, f'a second removal while one waits:\n{r.err}')
+                r = d.cowbox(bus, 'workspace', 'create', 'slow', '--image', 'src-main', expect=1)
+                t.check('is being removed' in r.err, f'a workspace of its name made while it is removed:\n{r.err}')
                 # The watch (every 2 s) must not mount it again meanwhile.
                 time.sleep(2.5)
                 t.check(not t.is_mounted(path), 'a workspace being removed, mounted again')
