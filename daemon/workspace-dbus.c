@@ -33,6 +33,11 @@ static int workspace_error(int r, const char *name, sd_bus_error *error) {
                 return sd_bus_error_setf(error, API_ERROR_BUSY, "Workspace '%s' is in use: close the programs "
                                          "that have files open in it (or unmount its subvolume where "
                                          "else it is mounted), then try again.", name);
+        case -ETIME:
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "Workspace '%s' was unmounted, but its server "
+                                         "had not let go of it after %u s: it may still be committing what "
+                                         "was written to it. Try again in a moment.", name,
+                                         (unsigned) (WORKSPACE_RELEASE_TIMEOUT_USEC / 1000000));
         case -EINVAL:
                 return sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%s' is not a valid name: up to 64 "
                                          "letters, digits, '.', '_' and '-', not starting with '.' or '-'.", name);
@@ -340,13 +345,13 @@ static int on_release_check(sd_event_source *s, uint64_t usec, void *userdata) {
                 if (r >= 0)
                         return 0;
         }
-        call_finish(c, r > 0 ? 0 : r == 0 ? -EBUSY : r);
+        call_finish(c, r > 0 ? 0 : r == 0 ? -ETIME : r);
         return 0;
 }
 
 /* Given the result of workspace_unmount_start(): finishes the call now if
  * that failed or the server let go already, and otherwise once it has,
- * or at the deadline with -EBUSY. Takes c; its call is answered. */
+ * or at the deadline with -ETIME. Takes c; its call is answered. */
 static int call_wait_released(Manager *m, WorkspaceCall *c, int unmounted) {
         Workspace *ws = workspace_find(&m->workspaces, c->name);
         int r = unmounted;

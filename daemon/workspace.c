@@ -548,7 +548,7 @@ int workspace_wait_released(const Workspace *ws, Store *s, uint64_t deadline_use
                 if (r != 0)
                         return r < 0 ? r : 0;
                 if (monotonic_usec() >= deadline_usec)
-                        return -EBUSY;
+                        return -ETIME;
                 (void) usleep(WORKSPACE_RELEASE_POLL_USEC);
         }
 }

@@ -90,7 +90,7 @@ int workspace_mount(Workspace *ws, Store *s, const char *store_path);
 
 /* After the unmount, the server makes its last commit and only then lets
  * go of the subvolume: with much written and not yet committed, that
- * takes seconds. How long to wait for it before giving up with -EBUSY,
+ * takes seconds. How long to wait for it before giving up with -ETIME,
  * and how often to look. */
 #define WORKSPACE_RELEASE_TIMEOUT_USEC (15 * 1000 * 1000)
 #define WORKSPACE_RELEASE_POLL_USEC (50 * 1000)
@@ -101,7 +101,7 @@ int workspace_unmount_start(const Workspace *ws, Store *s);
 /* 1 once no server holds its subvolume (or it has none), 0 while one
  * does, or a negative errno. */
 int workspace_released(const Workspace *ws, Store *s);
-/* Waits in a sleep until released, or -EBUSY at deadline_usec
+/* Waits in a sleep until released, or -ETIME at deadline_usec
  * (CLOCK_MONOTONIC): for callers that serve nothing else meanwhile. */
 int workspace_wait_released(const Workspace *ws, Store *s, uint64_t deadline_usec);
 /* Both: unmounts, and waits up to WORKSPACE_RELEASE_TIMEOUT_USEC. */

@@ -605,6 +605,20 @@ def check_unmount_waits_aside(dev):
                           'the restored workspace')
             t.check(not os.path.exists(path + '/big.o'), 'a file written after the checkpoint, after the restore')
 
+            # A server that does not let go within the limit: the removal
+            # answers Busy and says why, and the workspace is served again
+            # once the server goes on.
+            resume = held_server(store, 'workspace-slow')
+            call = call_in_background(bus, 'RemoveWorkspace', 'slow')
+            try:
+                out, err = call.communicate(timeout=60)
+            finally:
+                resume()
+            t.check(call.returncode != 0 and 'Error.Busy' in err and 'had not let go of it after 15 s' in err,
+                    f'a removal whose server does not let go: exit {call.returncode}\n{err}')
+            d.wait_for('the workspace served again', lambda: json.loads(
+                d.cowbox(bus, '--json', 'workspace', 'show', 'slow').out)['state'] == 'mounted')
+
             as_user(bus, dev, USER_PYTHON, '-c', BUFFERED, path + '/big.o', '8')
             resume = held_server(store, 'workspace-slow')
             call = call_in_background(bus, 'RemoveWorkspace', 'slow')
