@@ -336,6 +336,50 @@ static void check_uuid(Store *s, const char *name, const char *uuid) {
 /* A snapshot under a UUID its caller chose before: taken directly, and
  * through the control socket of a process that has the source open
  * writable; a UUID names one subvolume, deleted ones too. */
+/* Layers never written below a writable top, as a subvolume made
+ * read-only and writable again without a change between leaves them (and
+ * snapshots of an empty top did, in stores made before): folded, the
+ * subvolume keeps its files, its counts, and the inode numbers it handed
+ * out. A fold of two such layers once put an empty subvolume's counters
+ * on top. */
+static void test_fold_unwritten_layers(Store *s) {
+        StoreSubvolumeInfo info;
+        StoreReapStats stats;
+        struct stat st;
+        uint64_t a, b, c;
+        Volume *v;
+
+        test_name = "fold-unwritten-layers";
+        CHECK_OK(store_subvolume_create(s, "uw"));
+        v = open_volume(s, "uw", true);
+        a = make_file(v, 1, "a");
+        b = make_file(v, 1, "b");
+        volume_close(v);
+        for (int i = 0; i < 3; i++) {
+                CHECK_OK(store_subvolume_set_readonly(s, "uw", true));
+                CHECK_OK(store_subvolume_set_readonly(s, "uw", false));
+        }
+        CHECK_OK(store_subvolume_show(s, "uw", &info));
+        CHECK(info.depth >= 4);
+        store_subvolume_info_clear(&info);
+
+        CHECK_OK(store_reap(s, true, NULL, NULL, &stats, NULL));
+        CHECK(stats.layers_folded > 0);
+        CHECK_OK(store_subvolume_show(s, "uw", &info));
+        CHECK(info.depth <= 2);
+        CHECK(info.inodes == 3);
+        store_subvolume_info_clear(&info);
+        v = open_volume(s, "uw", true);
+        CHECK(lookup(v, 1, "a") == a);
+        CHECK(lookup(v, 1, "b") == b);
+        c = make_file(v, 1, "c");
+        CHECK(c != a && c != b && c != 1);
+        CHECK_OK(volume_getattr(v, a, &st));
+        CHECK(st.st_nlink == 1);
+        volume_close(v);
+        CHECK_OK(store_subvolume_delete(s, "uw", NULL));
+}
+
 static void test_snapshot_with_uuid(Store *s) {
         char uuid[37], live_uuid[37];
         Volume *v;
@@ -1104,6 +1148,7 @@ int main(void) {
         test_truncate_across_layers(s);
         test_rename(s);
         test_whiteouts_and_fold(s);
+        test_fold_unwritten_layers(s);
         test_clone_and_image_state(s);
         test_snapshot_with_uuid(s);
         test_delete_reap_and_corruption(s);
