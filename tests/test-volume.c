@@ -670,7 +670,9 @@ static void *fold_reader(void *userdata) {
                 }
                 pthread_mutex_lock(&fr->lock);
                 fr->opens++;
-                if (r < 0 && r != -ENOENT && fr->error == 0)
+                /* Gone, or its lock held for a moment by the fold of its
+                 * top or by its delete: not what is tested here. */
+                if (r < 0 && r != -ENOENT && r != -EBUSY && fr->error == 0)
                         fr->error = r;
                 pthread_mutex_unlock(&fr->lock);
         }
