@@ -732,16 +732,11 @@ int reaper_lock(Store *s, bool wait, const char *waiter, pid_t *ret_holder) {
         return TAKE_FD(lock);
 }
 
-int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, StoreReapStats *ret,
-               pid_t *ret_holder) {
-        _cleanup_close_ int lock = -EBADF;
+/* The reap itself, by the holder of the reaper's lock. */
+static int reap_locked(Store *s, store_progress_cb progress, void *userdata, StoreReapStats *ret) {
         StoreReapStats stats = {};
         Pace pace;
         int r;
-
-        lock = reaper_lock(s, wait, NULL, ret_holder);
-        if (lock < 0)
-                return lock;
 
         /* A long-lived process (cowboxd) opened the store when there was
          * room: on a disk filled since, the reap needs the reserve. */
@@ -783,6 +778,36 @@ int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, 
         return r;
 }
 
+int store_reap(Store *s, bool wait, store_progress_cb progress, void *userdata, StoreReapStats *ret,
+               pid_t *ret_holder) {
+        _cleanup_close_ int lock = -EBADF;
+
+        lock = reaper_lock(s, wait, NULL, ret_holder);
+        if (lock < 0)
+                return lock;
+        return reap_locked(s, progress, userdata, ret);
+}
+
+/* Takes the reaper's lock for a reap in the background, or returns
+ * -EALREADY when another reap waits for it already: that one frees what
+ * the running reap leaves, so one waiter is enough. A burst of deletes
+ * would otherwise queue a process each, every one with the store open,
+ * and those could keep an explicit reap waiting behind them. */
+static int reaper_lock_unless_queued(Store *s) {
+        _cleanup_close_ int queue = -EBADF;
+        int lock;
+
+        lock = reaper_lock(s, false, NULL, NULL);
+        if (lock != -EBUSY)
+                return lock;
+        queue = open_lock(s, "reaper-queue.lock");
+        if (queue < 0)
+                return queue;
+        if (flock(queue, LOCK_EX | LOCK_NB) < 0)
+                return errno == EWOULDBLOCK ? -EALREADY : -errno;
+        return reaper_lock(s, true, NULL, NULL);
+}
+
 /* The background reaper yields to the work that goes on meanwhile: a nice
  * CPU priority and the lowest best-effort I/O priority (not the idle
  * class, which a busy disk could starve for good). The daemon's reaper
@@ -806,6 +831,7 @@ int store_reap_in_background(Store *s) {
                 return -errno;
         if (pid == 0) {
                 _cleanup_free_ char *path = strdup(s->path);
+                _cleanup_close_ int lock = -EBADF;
                 Store *t = NULL;
                 int r;
 
@@ -825,7 +851,10 @@ int store_reap_in_background(Store *s) {
                 if (store_open(path, &t) < 0)
                         _exit(EXIT_FAILURE);
                 (void) store_log_to_file(t);
-                r = store_reap(t, true, NULL, NULL, NULL, NULL);
+                lock = reaper_lock_unless_queued(t);
+                r = lock < 0 ? lock : reap_locked(t, NULL, NULL, NULL);
+                if (r == -EALREADY)
+                        r = 0;
                 if (r < 0 && r != -EAGAIN) /* paused: it waits for --resume */
                         store_log("reaping in the background failed: %s; the next reap takes it up",
                                   strerror(-r));

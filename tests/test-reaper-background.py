@@ -171,11 +171,59 @@ def test_yields():
         t.check_equal(store.usage()['reclaimable_bytes'], 0, 'bytes left to reclaim once the reaper is done')
 
 
+def background_reapers(store):
+    """The pids of this store's background reapers: the double-forked
+    children of 'subvolume delete', alive after the delete returned."""
+    pids = []
+    for entry in os.listdir('/proc'):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f'/proc/{entry}/cmdline', 'rb') as f:
+                argv = f.read().split(b'\0')
+        except OSError:
+            continue
+        if store.path.encode() in b' '.join(argv) and b'delete' in argv:
+            pids.append(int(entry))
+    return pids
+
+
+def test_one_waits():
+    """While a reap runs, a burst of deletes leaves one reaper waiting for
+    it, not one each: that one frees what every delete left."""
+    deletes = 6
+    with t.Store('reaper-one-waits') as store:
+        for i in range(deletes):
+            store.create(f'doomed{i}')
+            with store.mount(f'doomed{i}') as m:
+                t.write_file(m.p('f'), t.random_bytes(128 * KiB, 200 + i), fsync=True)
+        store.reap()    # makes the reaper's lock file
+        with open(os.path.join(store.path, 'locks', 'reaper.lock'), 'rb') as running:
+            fcntl.flock(running, fcntl.LOCK_EX)
+            for i in range(deletes):
+                store.run('subvolume', 'delete', f'doomed{i}')
+            deadline = time.monotonic() + 10
+            while len(background_reapers(store)) > 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)     # and no more than one stays
+            waiting = background_reapers(store)
+            t.check_equal(len(waiting), 1, f'background reapers waiting behind a running reap after {deletes} deletes')
+        wait_reaper_done(store)
+        deadline = time.monotonic() + 10
+        while background_reapers(store) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        t.check_equal(background_reapers(store), [], 'background reapers left once the running reap ended')
+        usage = store.usage()
+        t.check_equal(usage['reclaimable_bytes'], 0, 'bytes left to reclaim after the one waiting reaper')
+        t.check_equal(store.list(), [], 'subvolumes left after the deletes')
+
+
 def run():
     t.require_fuse()
     sub = t.Subtests()
     sub.run('survives the exit of its parent', test_survives_exit)
     sub.run('yields to foreground work', test_yields)
+    sub.run('one reaper waits behind a running one', test_one_waits)
     sub.run('snapshots beside background reapers', test_snapshots_beside_reapers)
     sub.check()
 
