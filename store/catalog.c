@@ -363,26 +363,30 @@ int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n) {
         return 0;
 }
 
-int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_n) {
+/* The stack that seed_sql's first layer (bound to ?1) stands on, in one
+ * statement, one snapshot of the catalog: walked a query a layer, a fold
+ * committed between two of them left a parent without its row, which
+ * looked like damage. */
+static int layer_stack_read(Store *s, const char *seed_sql, uint64_t key, uint64_t **ret_ids, size_t *ret_n) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        _cleanup_free_ char *sql = NULL;
         _cleanup_free_ uint64_t *ids = NULL;
         size_t n = 0, allocated = 0;
         bool bottom = false;
         int r;
 
+        if (asprintf(&sql,
+                     "WITH RECURSIVE stack(id, parent, depth) AS (%s"
+                     "  UNION ALL SELECT layers.id, layers.parent, stack.depth + 1"
+                     "  FROM layers JOIN stack ON layers.id = stack.parent WHERE stack.depth < 100000) "
+                     "SELECT id, parent IS NULL FROM stack ORDER BY depth", seed_sql) < 0)
+                return -ENOMEM;
+
         CATALOG_LOCKED(s);
-        /* One statement, one snapshot of the catalog: walked a query a
-         * layer, a fold committed between two of them left a parent
-         * without its row, which looked like damage. */
-        r = sqlite_prepare(s->catalog,
-                           "WITH RECURSIVE stack(id, parent, depth) AS ("
-                           "  SELECT id, parent, 0 FROM layers WHERE id = ?1"
-                           "  UNION ALL SELECT layers.id, layers.parent, stack.depth + 1"
-                           "  FROM layers JOIN stack ON layers.id = stack.parent WHERE stack.depth < 100000) "
-                           "SELECT id, parent IS NULL FROM stack ORDER BY depth", &st);
+        r = sqlite_prepare(s->catalog, sql, &st);
         if (r < 0)
                 return r;
-        sqlite3_bind_int64(st, 1, (sqlite3_int64) top);
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) key);
         while ((r = sqlite_step_row(st)) > 0) {
                 if (!GREEDY_REALLOC(ids, allocated, n + 1))
                         return -ENOMEM;
@@ -398,6 +402,25 @@ int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_
         *ret_ids = TAKE_PTR(ids);
         *ret_n = n;
         return 0;
+}
+
+int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_n) {
+        return layer_stack_read(s, "SELECT id, parent, 0 FROM layers WHERE id = ?1", top, ret_ids, ret_n);
+}
+
+int catalog_subvolume_stack(Store *s, uint64_t id, uint64_t **ret_ids, size_t *ret_n) {
+        int r;
+
+        r = layer_stack_read(s, "SELECT layers.id, layers.parent, 0 FROM subvolumes "
+                                "JOIN layers ON layers.id = subvolumes.top_layer WHERE subvolumes.id = ?1",
+                             id, ret_ids, ret_n);
+        if (r != -EUCLEAN)
+                return r;
+        /* No rows at all: no such subvolume, or its top is lost. */
+        r = catalog_id_known(s, "subvolumes", id);
+        if (r < 0)
+                return r;
+        return r > 0 ? -EUCLEAN : -ENOENT;
 }
 
 /* An id handed out in a transaction that was rolled back is handed out

@@ -9,6 +9,7 @@
 #include "alloc-util.h"
 #include "env-util.h"
 #include "sqlite-util.h"
+#include "store.h"
 
 int sqlite_errno(int rc) {
         switch (rc & 0xff) {
@@ -99,8 +100,28 @@ static void fault_injection_configure(void) {
         (void) secure_getenv_uint64("COWBOX_FAULT_SQL_STEP", &fault_steps_left);
 }
 
+/* SQLite's own account of an I/O error: which file, which system call
+ * and errno, none of which the EIO a caller gets can carry. Other errors
+ * are left out: busy, constraint, full disk and damage are expected and
+ * answered, and recovery notices follow every crash. */
+static void sqlite_log_error(void *userdata, int code, const char *message) {
+        switch (code & 0xff) {
+        case SQLITE_IOERR:
+        case SQLITE_INTERNAL:
+        case SQLITE_MISUSE:
+        case SQLITE_PROTOCOL:
+                store_log("SQLite error %d: %s", code, message);
+                break;
+        default:
+                break;
+        }
+}
+
 static void sqlite_configure(void) {
         fault_injection_configure();
+
+        /* Before SQLite initialises, like the setting below. */
+        (void) sqlite3_config(SQLITE_CONFIG_LOG, sqlite_log_error, NULL);
 
         /* No bulk allocation of 20 cache pages when a connection reads its
          * first page: filling it in touches every page of it, a fault each,

@@ -161,6 +161,10 @@ int catalog_folding_layer(Store *s, uint64_t *ret_id, pid_t *ret_pid);
 /* The stack of a layer: ids from the layer itself (index 0) down to the
  * bottom. */
 int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_n);
+/* The stack of a subvolume's top layer, read with its row in one statement,
+ * so that a fold that commits meanwhile cannot tear the two apart. -ENOENT
+ * if there is no such subvolume. */
+int catalog_subvolume_stack(Store *s, uint64_t id, uint64_t **ret_ids, size_t *ret_n);
 
 /* Creates the snapshot, with the UUID given, in the catalog. The source's
  * top layer must be sealed already if the source is writable. -ESTALE if

@@ -730,16 +730,13 @@ static int layer_users_compare(const void *a, const void *b) {
 /* Whether the subvolume's stack is still ids: 1 if so, or if it cannot be
  * told (a deleted subvolume, shown by UUID), 0 if it changed. */
 static int stack_is_current(Store *s, uint64_t id, const uint64_t *ids, size_t n) {
-        _cleanup_(subvolume_record_clear) SubvolumeRecord now = {};
         _cleanup_free_ uint64_t *now_ids = NULL;
         size_t now_n = 0;
         int r;
 
-        r = catalog_find_subvolume_by_id(s, id, &now);
+        r = catalog_subvolume_stack(s, id, &now_ids, &now_n);
         if (r == -ENOENT)
                 return 1;
-        if (r >= 0)
-                r = catalog_layer_stack(s, now.top_layer, &now_ids, &now_n);
         if (r == -EUCLEAN)
                 return 0;
         if (r < 0)

@@ -262,14 +262,11 @@ static void layers_unload(Volume *v) {
 
 /* Whether the subvolume's stack in the catalog is still the one loaded. */
 static int layers_current(Volume *v) {
-        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
         _cleanup_free_ uint64_t *ids = NULL;
         size_t n = 0;
         int r;
 
-        r = catalog_find_subvolume_by_id(v->store, v->subvolume_id, &rec);
-        if (r >= 0)
-                r = catalog_layer_stack(v->store, rec.top_layer, &ids, &n);
+        r = catalog_subvolume_stack(v->store, v->subvolume_id, &ids, &n);
         if (r < 0)
                 return r;
         if (n != v->n_layers)

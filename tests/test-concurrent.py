@@ -715,6 +715,19 @@ def make_base(store, rng):
     return tree
 
 
+def print_logs(store, lines=40):
+    """The ends of cowboxd's log and the store's: what the servers, reapers
+    and the daemon said about a failure nobody saw happen."""
+    for what, path in (('cowboxd', os.path.join(store.tmp, 'cowboxd.log')),
+                       ('the store', os.path.join(store.path, 'log'))):
+        if os.path.exists(path):
+            with open(path, errors='replace') as f:
+                tail = f.read().splitlines()[-lines:]
+            print(f'the last {len(tail)} lines of the log of {what}:', flush=True)
+            for line in tail:
+                print(f'  {line}')
+
+
 def run_seed(seed, store, bus):
     print(f'seed {seed}: {WORKERS} workers, {OPS} operations each'
           f'{", one of them through cowboxd" if bus else ""} (replay: COWBOX_SEED={seed})', flush=True)
@@ -743,6 +756,8 @@ def run_seed(seed, store, bus):
         # The workers' checks of its snapshots fail after it does.
         print(f'the live writer failed: {live.error}', flush=True)
         raise live.error
+    if failed or live.error is not None:
+        print_logs(store)
     if failed:
         raise failed[0].error
     live.finish()
