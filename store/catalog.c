@@ -730,6 +730,7 @@ static int lock_file_name(uint64_t id, char ret[static 32]) {
 #define LOCK_EXITING_WAIT_USEC 2000000
 #define LOCK_RETRY_USEC 10000
 #define LOCK_BRIEF_WAIT_USEC 60000000
+#define LOCK_NAMED_GRACE_USEC 100000
 
 /* Whether the lock file says its holder keeps it for a moment only. */
 static bool lock_is_brief(Store *s, const char *name) {
@@ -774,13 +775,16 @@ int subvolume_lock_full(Store *s, uint64_t id, bool exclusive, SubvolumeLockFlag
                  * straight after a crash waits for it rather than fail. A
                  * holder that needs it for a moment (a fold, a snapshot) is
                  * waited for too. So is one that took the lock and has not
-                 * written its pid yet: the file names nobody alive. A patient
-                 * caller waits as long for a holder that lives. */
+                 * written its pid yet: the file names nobody alive, or for
+                 * an instant still the previous holder, who may live on; a
+                 * holder that lives is believed after a short grace. A
+                 * patient caller waits as long for a holder that lives. */
                 if (lock_is_brief(s, name) && waited < LOCK_BRIEF_WAIT_USEC) {
                         (void) usleep(LOCK_RETRY_USEC);
                         continue;
                 }
-                if ((holder > 0 && !process_is_exiting(holder) && !(flags & SUBVOLUME_LOCK_PATIENT)) ||
+                if ((holder > 0 && !process_is_exiting(holder) && !(flags & SUBVOLUME_LOCK_PATIENT) &&
+                     waited >= LOCK_NAMED_GRACE_USEC) ||
                     waited >= LOCK_EXITING_WAIT_USEC) {
                         if (ret_holder)
                                 *ret_holder = holder;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -670,9 +671,9 @@ static void *fold_reader(void *userdata) {
                 }
                 pthread_mutex_lock(&fr->lock);
                 fr->opens++;
-                /* Gone, or its lock held for a moment by the fold of its
-                 * top or by its delete: not what is tested here. */
-                if (r < 0 && r != -ENOENT && r != -EBUSY && fr->error == 0)
+                /* Gone. Its lock held for a moment by the fold of its top
+                 * or by its delete is waited for, not busy. */
+                if (r < 0 && r != -ENOENT && fr->error == 0)
                         fr->error = r;
                 pthread_mutex_unlock(&fr->lock);
         }
@@ -736,6 +737,65 @@ static void test_open_during_folds(Store *s) {
                 fprintf(stderr, "open-during-folds: a read-only open failed: %s\n", strerror(-fr.error));
         CHECK(fr.error == 0);
         CHECK(folded > 0);
+}
+
+typedef struct LockTaker {
+        int fd;
+        uint64_t brief_after_usec;
+} LockTaker;
+
+/* Says, an instant after it took the lock, that it holds it for a moment,
+ * and lets go a moment later: what a fold or a delete does. */
+static void *lock_taker(void *userdata) {
+        LockTaker *lt = userdata;
+        char text[32];
+        int n;
+
+        (void) usleep((useconds_t) lt->brief_after_usec);
+        n = snprintf(text, sizeof text, "%d brief\n", (int) getpid());
+        CHECK(pwrite(lt->fd, text, (size_t) n, 0) == n);
+        (void) usleep(30000);
+        CHECK(flock(lt->fd, LOCK_UN) == 0);
+        return NULL;
+}
+
+/* A read-only open that comes just after a brief holder took the lock, when
+ * the lock file still names the previous holder, alive, waits for the brief
+ * one; a holder that lives and keeps the lock still makes it fail at once. */
+static void test_lock_taken_an_instant_ago(Store *s) {
+        _cleanup_free_ char *path = NULL;
+        StoreSubvolumeInfo info = {};
+        LockTaker lt = { .brief_after_usec = 20000 };
+        pthread_t taker;
+        uint64_t start;
+        Volume *v = NULL;
+        char text[32];
+        int n;
+
+        test_name = "lock-taken-an-instant-ago";
+        CHECK_OK(store_subvolume_create(s, "instant"));
+        CHECK_OK(store_subvolume_show(s, "instant", &info));
+        CHECK(asprintf(&path, "%s/locks/subvolume-%" PRIu64 ".lock", store_path(s), info.id) > 0);
+        store_subvolume_info_clear(&info);
+        lt.fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        CHECK(lt.fd >= 0);
+        /* The previous holder, alive: this process. */
+        n = snprintf(text, sizeof text, "%d\n", (int) getpid());
+        CHECK(pwrite(lt.fd, text, (size_t) n, 0) == n && ftruncate(lt.fd, n) == 0);
+
+        CHECK(flock(lt.fd, LOCK_EX) == 0);
+        CHECK(pthread_create(&taker, NULL, lock_taker, &lt) == 0);
+        CHECK_OK(volume_open(s, "instant", false, &v, NULL));
+        volume_close(v);
+        CHECK(pthread_join(taker, NULL) == 0);
+
+        CHECK(flock(lt.fd, LOCK_EX) == 0);
+        CHECK(pwrite(lt.fd, text, (size_t) n, 0) == n && ftruncate(lt.fd, n) == 0);
+        start = monotonic_usec();
+        CHECK(volume_open(s, "instant", false, &v, NULL) == -EBUSY);
+        CHECK(monotonic_usec() - start < 1000000);
+        CHECK(close(lt.fd) == 0);
+        CHECK_OK(store_subvolume_delete(s, "instant", NULL));
 }
 
 /* Counts the damage scrub reports in the subvolumes of this test. */
@@ -1156,6 +1216,7 @@ int main(void) {
         test_delete_reap_and_corruption(s);
         test_parallel_reads(s);
         test_open_during_folds(s);
+        test_lock_taken_an_instant_ago(s);
         test_flush_ahead(s);
         test_attributes_keep_content(s);
         test_write_faults(s);
