@@ -174,18 +174,7 @@ def test_yields():
 def background_reapers(store):
     """The pids of this store's background reapers: the double-forked
     children of 'subvolume delete', alive after the delete returned."""
-    pids = []
-    for entry in os.listdir('/proc'):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f'/proc/{entry}/cmdline', 'rb') as f:
-                argv = f.read().split(b'\0')
-        except OSError:
-            continue
-        if store.path.encode() in b' '.join(argv) and b'delete' in argv:
-            pids.append(int(entry))
-    return pids
+    return sorted(set(t.processes_with_arg(store.path)) & set(t.processes_with_arg('delete', exact=True)))
 
 
 def test_one_waits():
