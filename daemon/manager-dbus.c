@@ -100,6 +100,12 @@ static int list(sd_bus_message *message, Manager *m, bool images_only, sd_bus_er
         if (!array)
                 return -ENOMEM;
         r = store_subvolume_list(m->store, &infos, &n);
+        if (r == -EIO || r == -EUCLEAN) {
+                fprintf(stderr, "cowboxd: listing the subvolumes failed: %s\n", strerror(-r));
+                return sd_bus_error_setf(error, API_ERROR_STORE_FAILED, "The store could not read its subvolumes "
+                                         "(%s). cowboxd's log says when; 'cowbox-store scrub' checks the store "
+                                         "for damage.", strerror(-r));
+        }
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n && r >= 0; i++) {

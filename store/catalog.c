@@ -53,13 +53,32 @@
 #define SUBVOLUMES_TOP_INDEX_SQL \
         "CREATE INDEX IF NOT EXISTS subvolumes_live_top ON subvolumes(top_layer) WHERE deleted = 0;"
 
+/* The checks of the rows of subvolumes and layers (see SUBVOLUME_CHECK),
+ * computed by triggers from the row as written. */
+#define CHECKED_COLUMN_SQL "  row_check INTEGER NOT NULL DEFAULT 0"
+#define SUBVOLUME_CHECKED_COLUMNS \
+        "id, name, uuid, parent_uuid, readonly, created_usec, top_layer, quota_bytes, deleted, " \
+        "received_uuid, ctransid, stransid"
+#define CATALOG_CHECK_TRIGGERS_SQL                                                                       \
+        "CREATE TRIGGER IF NOT EXISTS subvolumes_checked_insert AFTER INSERT ON subvolumes BEGIN"       \
+        "  UPDATE subvolumes SET row_check = " SUBVOLUME_CHECK " WHERE id = NEW.id; END;"              \
+        "CREATE TRIGGER IF NOT EXISTS subvolumes_checked_update"                                        \
+        "  AFTER UPDATE OF " SUBVOLUME_CHECKED_COLUMNS " ON subvolumes BEGIN"                           \
+        "  UPDATE subvolumes SET row_check = " SUBVOLUME_CHECK " WHERE id = NEW.id; END;"              \
+        "CREATE TRIGGER IF NOT EXISTS layers_checked_insert AFTER INSERT ON layers BEGIN"               \
+        "  UPDATE layers SET row_check = " LAYER_CHECK_OF("layers") " WHERE id = NEW.id; END;"         \
+        "CREATE TRIGGER IF NOT EXISTS layers_checked_update"                                            \
+        "  AFTER UPDATE OF id, parent, created_usec, made ON layers BEGIN"                              \
+        "  UPDATE layers SET row_check = " LAYER_CHECK_OF("layers") " WHERE id = NEW.id; END;"
+
 static const char catalog_schema[] =
         "CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
         "CREATE TABLE layers("
         "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
         "  parent INTEGER REFERENCES layers(id),"
         "  created_usec INTEGER NOT NULL,"
-        LAYER_MADE_COLUMN_SQL ");"
+        LAYER_MADE_COLUMN_SQL ","
+        CHECKED_COLUMN_SQL ");"
         "CREATE INDEX layers_parent ON layers(parent);"
         "CREATE TABLE subvolumes("
         "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
@@ -71,7 +90,8 @@ static const char catalog_schema[] =
         "  top_layer INTEGER NOT NULL REFERENCES layers(id),"
         "  quota_bytes INTEGER NOT NULL DEFAULT 0,"
         "  deleted INTEGER NOT NULL DEFAULT 0,"
-        SUBVOLUME_IMAGE_COLUMNS_SQL ");"
+        SUBVOLUME_IMAGE_COLUMNS_SQL ","
+        CHECKED_COLUMN_SQL ");"
         "CREATE UNIQUE INDEX subvolumes_live_name ON subvolumes(name) WHERE deleted = 0;"
         SUBVOLUMES_UUID_INDEX_SQL
         SUBVOLUMES_TOP_INDEX_SQL
@@ -85,7 +105,8 @@ static const char catalog_schema[] =
         DAMAGED_BLOCKS_SCHEMA
         "CREATE TABLE counters(key TEXT PRIMARY KEY, value INTEGER NOT NULL);"
         "INSERT INTO counters VALUES ('corruption_events', 0), ('transid', 0);"
-        DICTIONARIES_SCHEMA;
+        DICTIONARIES_SCHEMA
+        CATALOG_CHECK_TRIGGERS_SQL;
 
 /* The layers reachable from the tops of live subvolumes. */
 #define LIVE_LAYERS_CTE                                                                \
@@ -155,6 +176,29 @@ static int upgrade_layers_made(Store *s) {
         return r;
 }
 
+/* Checks for the rows of a store made before them, in one transaction. */
+static int upgrade_row_checks(Store *s) {
+        int r;
+
+        r = sqlite_exec(s->catalog, "BEGIN IMMEDIATE");
+        if (r < 0)
+                return r;
+        /* Another process may have done it meanwhile. */
+        if (has_column(s->catalog, "subvolumes", "row_check"))
+                return sqlite_commit(s->catalog);
+        r = sqlite_exec(s->catalog,
+                        "ALTER TABLE subvolumes ADD COLUMN" CHECKED_COLUMN_SQL ";"
+                        "ALTER TABLE layers ADD COLUMN" CHECKED_COLUMN_SQL ";"
+                        CATALOG_CHECK_TRIGGERS_SQL
+                        "UPDATE subvolumes SET row_check = " SUBVOLUME_CHECK ";"
+                        "UPDATE layers SET row_check = " LAYER_CHECK_OF("layers") ";");
+        if (r >= 0)
+                r = sqlite_commit(s->catalog);
+        if (r < 0)
+                sqlite_rollback(s->catalog);
+        return r;
+}
+
 int catalog_upgrade(Store *s) {
         sqlite3 *db = s->catalog;
         int r;
@@ -187,8 +231,13 @@ int catalog_upgrade(Store *s) {
                 if (r < 0)
                         return r;
         }
-        if (!has_column(db, "layers", "made"))
-                return upgrade_layers_made(s);
+        if (!has_column(db, "layers", "made")) {
+                r = upgrade_layers_made(s);
+                if (r < 0)
+                        return r;
+        }
+        if (!has_column(db, "subvolumes", "row_check"))
+                return upgrade_row_checks(s);
         return 0;
 }
 
@@ -242,7 +291,14 @@ void subvolume_record_clear(SubvolumeRecord *r) {
         r->name = NULL;
 }
 
+/* A damaged row is not used: its top layer could be another's. */
 static int subvolume_record_from_row(sqlite3_stmt *st, SubvolumeRecord *ret) {
+        if (!sqlite3_column_int(st, 11)) {
+                store_log("the catalog's record of subvolume %" PRIi64 " is damaged: it is not used. "
+                          "'cowbox-store scrub' names it", (int64_t) sqlite3_column_int64(st, 0));
+                *ret = (SubvolumeRecord) {};
+                return -EUCLEAN;
+        }
         *ret = (SubvolumeRecord) {
                 .id = (uint64_t) sqlite3_column_int64(st, 0),
                 .readonly = sqlite3_column_int(st, 4),
@@ -263,7 +319,7 @@ static int subvolume_record_from_row(sqlite3_stmt *st, SubvolumeRecord *ret) {
 
 #define SUBVOLUME_COLUMNS \
         "id, name, uuid, parent_uuid, readonly, created_usec, top_layer, quota_bytes, " \
-        "received_uuid, ctransid, stransid"
+        "received_uuid, ctransid, stransid, row_check IS " SUBVOLUME_CHECK
 
 static int find_subvolume(Store *s, const char *sql, const char *name, uint64_t id, SubvolumeRecord *ret) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
@@ -332,7 +388,7 @@ int catalog_subvolume_names(Store *s, char ***ret) {
         return 0;
 }
 
-int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n) {
+int catalog_list_subvolumes(Store *s, bool skip_damaged, SubvolumeRecord **ret, size_t *ret_n) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         SubvolumeRecord *recs = NULL;
         size_t n = 0, allocated = 0;
@@ -348,6 +404,8 @@ int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n) {
                         break;
                 }
                 r = subvolume_record_from_row(st, &recs[n]);
+                if (r == -EUCLEAN && skip_damaged)
+                        continue;
                 if (r < 0)
                         break;
                 n++;
@@ -376,10 +434,11 @@ static int layer_stack_read(Store *s, const char *seed_sql, uint64_t key, uint64
         int r;
 
         if (asprintf(&sql,
-                     "WITH RECURSIVE stack(id, parent, depth) AS (%s"
-                     "  UNION ALL SELECT layers.id, layers.parent, stack.depth + 1"
+                     "WITH RECURSIVE stack(id, parent, depth, sound) AS (%s"
+                     "  UNION ALL SELECT layers.id, layers.parent, stack.depth + 1,"
+                     "  layers.row_check IS " LAYER_CHECK_OF("layers")
                      "  FROM layers JOIN stack ON layers.id = stack.parent WHERE stack.depth < 100000) "
-                     "SELECT id, parent IS NULL FROM stack ORDER BY depth", seed_sql) < 0)
+                     "SELECT id, parent IS NULL, sound FROM stack ORDER BY depth", seed_sql) < 0)
                 return -ENOMEM;
 
         CATALOG_LOCKED(s);
@@ -392,6 +451,11 @@ static int layer_stack_read(Store *s, const char *seed_sql, uint64_t key, uint64
                         return -ENOMEM;
                 ids[n++] = (uint64_t) sqlite3_column_int64(st, 0);
                 bottom = sqlite3_column_int(st, 1);
+                if (!sqlite3_column_int(st, 2)) {
+                        store_log("the catalog's record of layer %" PRIu64 ", or of the subvolume on it, is "
+                                  "damaged: it is not used. 'cowbox-store scrub' names it", ids[n - 1]);
+                        return -EUCLEAN;
+                }
         }
         if (r < 0)
                 return r;
@@ -405,14 +469,16 @@ static int layer_stack_read(Store *s, const char *seed_sql, uint64_t key, uint64
 }
 
 int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_n) {
-        return layer_stack_read(s, "SELECT id, parent, 0 FROM layers WHERE id = ?1", top, ret_ids, ret_n);
+        return layer_stack_read(s, "SELECT id, parent, 0, row_check IS " LAYER_CHECK_OF("layers")
+                                   " FROM layers WHERE id = ?1", top, ret_ids, ret_n);
 }
 
 int catalog_subvolume_stack(Store *s, uint64_t id, uint64_t **ret_ids, size_t *ret_n) {
         int r;
 
-        r = layer_stack_read(s, "SELECT layers.id, layers.parent, 0 FROM subvolumes "
-                                "JOIN layers ON layers.id = subvolumes.top_layer WHERE subvolumes.id = ?1",
+        r = layer_stack_read(s, "SELECT id, parent, 0, row_check IS " LAYER_CHECK_OF("layers") " AND "
+                                "(SELECT row_check IS " SUBVOLUME_CHECK " FROM subvolumes WHERE id = ?1) "
+                                "FROM layers WHERE id = (SELECT top_layer FROM subvolumes WHERE id = ?1)",
                              id, ret_ids, ret_n);
         if (r != -EUCLEAN)
                 return r;
@@ -421,6 +487,58 @@ int catalog_subvolume_stack(Store *s, uint64_t id, uint64_t **ret_ids, size_t *r
         if (r < 0)
                 return r;
         return r > 0 ? -EUCLEAN : -ENOENT;
+}
+
+void catalog_damage_array_free(CatalogDamage *d, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                free(d[i].name);
+        free(d);
+}
+
+int catalog_damaged_records(Store *s, CatalogDamage **ret, size_t *ret_n, uint64_t *ret_checked) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        CatalogDamage *d = NULL;
+        size_t n = 0, allocated = 0;
+        int64_t checked = 0;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog,
+                           "SELECT 0, id, name FROM subvolumes WHERE row_check IS NOT " SUBVOLUME_CHECK
+                           " UNION ALL SELECT 1, id, NULL FROM layers WHERE row_check IS NOT "
+                           LAYER_CHECK_OF("layers") " ORDER BY 1, 2", &st);
+        if (r < 0)
+                return r;
+        while ((r = sqlite_step_row(st)) > 0) {
+                const char *name = (const char *) sqlite3_column_text(st, 2);
+
+                if (!GREEDY_REALLOC(d, allocated, n + 1)) {
+                        r = -ENOMEM;
+                        break;
+                }
+                d[n] = (CatalogDamage) {
+                        .layer = sqlite3_column_int(st, 0),
+                        .id = (uint64_t) sqlite3_column_int64(st, 1),
+                        .name = name ? strdup(name) : NULL,
+                };
+                if (name && !d[n].name) {
+                        r = -ENOMEM;
+                        break;
+                }
+                n++;
+        }
+        if (r >= 0 && ret_checked)
+                r = sqlite_query_int(s->catalog, "SELECT (SELECT count(*) FROM subvolumes) + "
+                                                 "(SELECT count(*) FROM layers)", &checked);
+        if (r < 0) {
+                catalog_damage_array_free(d, n);
+                return r;
+        }
+        if (ret_checked)
+                *ret_checked = (uint64_t) checked;
+        *ret = d;
+        *ret_n = n;
+        return 0;
 }
 
 /* An id handed out in a transaction that was rolled back is handed out

@@ -136,7 +136,7 @@ static void free_check_state(void *p) {
 }
 
 /* A connection is used by one thread at a time: it gets its own state. */
-static int register_row_check(sqlite3 *db) {
+int row_check_register(sqlite3 *db) {
         XXH3_state_t *state = XXH3_createState();
 
         if (!state)
@@ -153,7 +153,7 @@ static int layer_connect(const char *path, int flags, bool wal, sqlite3 **ret) {
         r = sqlite_open(path, flags, wal, &db);
         if (r < 0)
                 return r;
-        r = register_row_check(db);
+        r = row_check_register(db);
         if (r < 0)
                 return r;
         *ret = TAKE_PTR(db);

@@ -732,6 +732,24 @@ int reaper_lock(Store *s, bool wait, const char *waiter, pid_t *ret_holder) {
         return TAKE_FD(lock);
 }
 
+/* What the reaper frees follows from the catalog's records of subvolumes
+ * and layers: one damaged could make it take live layers for dead. */
+static int catalog_sound(Store *s) {
+        CatalogDamage *damage = NULL;
+        size_t n = 0;
+        int r;
+
+        r = catalog_damaged_records(s, &damage, &n, NULL);
+        if (r < 0)
+                return r;
+        catalog_damage_array_free(damage, n);
+        if (n == 0)
+                return 0;
+        store_log("the catalog has %zu damaged records of subvolumes or layers: nothing is freed while it has. "
+                  "'cowbox-store scrub' names them", n);
+        return -EUCLEAN;
+}
+
 /* The reap itself, by the holder of the reaper's lock. */
 static int reap_locked(Store *s, store_progress_cb progress, void *userdata, StoreReapStats *ret) {
         StoreReapStats stats = {};
@@ -750,6 +768,8 @@ static int reap_locked(Store *s, store_progress_cb progress, void *userdata, Sto
                 pace.total = reclaimable_bytes(s);
                 progress(0, pace.total, userdata);
         }
+        if (r >= 0)
+                r = catalog_sound(s);
         if (r >= 0)
                 r = forget_deleted_subvolumes(s, &stats.subvolumes_forgotten);
         if (r >= 0)

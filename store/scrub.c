@@ -275,12 +275,12 @@ static int stack_path(const Stack *st, uint64_t ino, char **ret) {
 /* Calls fn for the stack of every live subvolume. */
 typedef int (*stack_fn)(Store *s, const Stack *st, void *userdata);
 
-static int for_each_stack(Store *s, stack_fn fn, void *userdata) {
+static int for_each_stack(Store *s, const StoreScrubStats *stats, stack_fn fn, void *userdata) {
         _cleanup_free_ SubvolumeRecord *recs = NULL;
         size_t n = 0;
         int r;
 
-        r = catalog_list_subvolumes(s, &recs, &n);
+        r = catalog_list_subvolumes(s, true, &recs, &n);
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n; i++) {
@@ -288,7 +288,11 @@ static int for_each_stack(Store *s, stack_fn fn, void *userdata) {
                         _cleanup_(stack_done) Stack st = {};
 
                         r = stack_open(s, &recs[i], NULL, &st);
-                        if (r >= 0)
+                        /* A stack over a damaged record of the catalog,
+                         * which scrub reported already. */
+                        if (r == -EUCLEAN && stats->catalog_rows_damaged > 0)
+                                r = 0;
+                        else if (r >= 0)
                                 r = fn(s, &st, userdata);
                 }
                 subvolume_record_clear(&recs[i]);
@@ -364,7 +368,7 @@ static int report_users(Store *s, const Digest *d, StoreDamage *damage, store_da
         DamageReport rep = { .damage = damage, .cb = cb, .userdata = userdata, .stats = stats, .digest = d };
         int r;
 
-        r = for_each_stack(s, report_block_users, &rep);
+        r = for_each_stack(s, stats, report_block_users, &rep);
         if (r < 0)
                 return r;
         if (!rep.reported) {
@@ -675,11 +679,42 @@ static int scrub_layers(Store *s, store_damage_cb cb, void *userdata, StoreScrub
         for (size_t i = 0; r >= 0 && i < n; i++)
                 r = report_unindexed_blocks(s, layers[i], cb, userdata, stats);
         if (r >= 0 && list.n > 0)
-                r = for_each_stack(s, report_damaged_rows,
+                r = for_each_stack(s, stats, report_damaged_rows,
                                    &(DamagedRowsReport) { .list = &list,
                                                           .rep = { .cb = cb, .userdata = userdata, .stats = stats } });
         free(list.rows);
         return r;
+}
+
+/* The catalog's records of subvolumes and layers: each damaged one is
+ * reported with the subvolume it names, or none for a layer's. */
+static int scrub_catalog(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *stats) {
+        CatalogDamage *damage = NULL;
+        uint64_t checked = 0;
+        size_t n = 0;
+        int r;
+
+        r = catalog_damaged_records(s, &damage, &n, &checked);
+        if (r < 0)
+                return r;
+        stats->rows_checked += checked;
+        stats->rows_damaged += n;
+        stats->catalog_rows_damaged += n;
+        for (size_t i = 0; i < n; i++) {
+                StoreDamage d = {
+                        .reason = damage[i].layer ? "damaged catalog record of a layer"
+                                                  : "damaged catalog record of a subvolume",
+                        .subvolume = damage[i].name,
+                };
+
+                block_count_corruption(s);
+                snprintf(d.digest, sizeof d.digest, "catalog %s %" PRIu64, damage[i].layer ? "layer" : "subvolume",
+                         damage[i].id);
+                if (cb)
+                        cb(&d, userdata);
+        }
+        catalog_damage_array_free(damage, n);
+        return 0;
 }
 
 int store_scrub(Store *s, store_damage_cb cb, store_progress_cb progress, void *userdata, StoreScrubStats *ret) {
@@ -699,6 +734,9 @@ int store_scrub(Store *s, store_damage_cb cb, store_progress_cb progress, void *
         buf = malloc(STORE_BLOCK_SIZE);
         if (!buf)
                 return -ENOMEM;
+        r = scrub_catalog(s, cb, userdata, &stats);
+        if (r < 0)
+                return r;
         r = catalog_list_blocks(s, 0, &rows, &n);
         if (r < 0)
                 return r;
@@ -1471,6 +1509,27 @@ static int check_writable_tops(Fsck *f) {
 }
 
 /* The catalog, every live layer, then every subvolume's tree. */
+static int check_catalog_records(Fsck *f) {
+        CatalogDamage *damage = NULL;
+        size_t n = 0;
+        int r;
+
+        r = catalog_damaged_records(f->store, &damage, &n, NULL);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n; i++)
+                if (damage[i].layer)
+                        problem(f, false, "catalog: the record of layer %" PRIu64 " fails its checksum: the "
+                                "subvolumes on it cannot be used, and the reaper frees nothing until it is mended",
+                                damage[i].id);
+                else
+                        problem(f, false, "catalog: the record of subvolume %" PRIu64 " ('%s') fails its checksum: "
+                                "it cannot be used, and the reaper frees nothing until it is mended",
+                                damage[i].id, damage[i].name ?: "?");
+        catalog_damage_array_free(damage, n);
+        return 0;
+}
+
 static int fsck_all(Fsck *f, const SubvolumeRecord *recs, size_t n) {
         _cleanup_free_ uint64_t *layers = NULL, *layer_bytes = NULL, *walk_bytes = NULL;
         size_t n_layers = 0;
@@ -1515,6 +1574,9 @@ static int fsck_all(Fsck *f, const SubvolumeRecord *recs, size_t n) {
                 if (r < 0)
                         return r;
         }
+        r = check_catalog_records(f);
+        if (r < 0)
+                return r;
         fsck_advance(f, catalog_bytes);
         for (size_t i = 0; i < n_layers; i++) {
                 r = check_layer_blocks(f, layers[i], layer_bytes[i]);
@@ -1546,7 +1608,7 @@ int store_fsck(Store *s, bool repair, store_problem_cb cb, store_progress_cb pro
         reaping = reaper_lock(s, true, "fsck", NULL);
         if (reaping < 0)
                 return reaping;
-        r = catalog_list_subvolumes(s, &recs, &n);
+        r = catalog_list_subvolumes(s, true, &recs, &n);
         if (r < 0)
                 return r;
         r = fsck_all(&f, recs, n);

@@ -212,7 +212,21 @@ int catalog_all_layer_users(Store *s, LayerUsers **ret, size_t *ret_n);
 /* Whether more than one live subvolume's stack includes the layer: for
  * one stack, without walking every other. */
 int catalog_layer_is_shared(Store *s, uint64_t layer);
-int catalog_list_subvolumes(Store *s, SubvolumeRecord **ret, size_t *ret_n);
+/* The live subvolumes by name. A damaged record fails the list with
+ * -EUCLEAN, or is left out if skip_damaged (scrub and fsck, which name it
+ * through catalog_damaged_records()). */
+int catalog_list_subvolumes(Store *s, bool skip_damaged, SubvolumeRecord **ret, size_t *ret_n);
+
+/* The records of subvolumes and layers whose check fails, and how many
+ * records there are in all. */
+typedef struct CatalogDamage {
+        bool layer;             /* a layer's record, else a subvolume's */
+        uint64_t id;
+        char *name;             /* a subvolume's name as recorded, perhaps damaged */
+} CatalogDamage;
+
+int catalog_damaged_records(Store *s, CatalogDamage **ret, size_t *ret_n, uint64_t *ret_checked);
+void catalog_damage_array_free(CatalogDamage *d, size_t n);
 int catalog_subvolume_names(Store *s, char ***ret);
 int catalog_block_totals(Store *s, uint64_t *ret_blocks, uint64_t *ret_bytes);
 int catalog_metadata_bytes(Store *s, uint64_t *ret_bytes, uint64_t *ret_layers);
@@ -279,6 +293,21 @@ uint64_t layer_reclaimable_bytes(Store *s, uint64_t id);
 #define EXTENT_CHECK "cowbox_check('extent', ino, idx, digest, len)"
 #define BLOCKREF_CHECK "cowbox_check('blockref', digest, refs, stored_len)"
 #define INFO_CHECK "cowbox_check('info', key, value)"
+
+/* The catalog's rows of subvolumes and layers carry checks too: a damaged
+ * top_layer or parent would give a subvolume another's files, and the
+ * reaper would free the blocks of the layers it lost. Triggers compute
+ * them (catalog.c), so that none of the statements that change a column
+ * can forget to. */
+#define SUBVOLUME_CHECK                                                                                  \
+        "cowbox_check('subvolume', id, name, uuid, parent_uuid, readonly, created_usec, top_layer, "   \
+        "quota_bytes, deleted, received_uuid, ctransid, stransid)"
+#define LAYER_CHECK_OF(table) \
+        "cowbox_check('layer', " table ".id, " table ".parent, " table ".created_usec, " table ".made)"
+
+/* Registers cowbox_check() on a connection: every connection that reads
+ * or writes checked rows needs it. */
+int row_check_register(sqlite3 *db);
 
 /* Rebuilds a layer's block set from its extents, with each block's stored
  * length from the temporary table lens, which it drops. schema is "" or

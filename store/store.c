@@ -204,6 +204,8 @@ int store_init(const char *path) {
                 return -ENOMEM;
         (void) unlink(catalog);
         r = sqlite_open(catalog, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, false, &db);
+        if (r >= 0)
+                r = row_check_register(db);
         if (r < 0)
                 return r;
         r = sqlite_exec(db, "BEGIN");
@@ -337,6 +339,8 @@ int store_open(const char *path, Store **ret) {
         if (r == -ENOENT && (faccessat(s->dir_fd, "catalog.db", W_OK, AT_EACCESS) < 0 ||
                              faccessat(s->dir_fd, ".", W_OK, AT_EACCESS) < 0))
                 return errno == EROFS ? -EROFS : -EACCES;
+        if (r >= 0)
+                r = row_check_register(s->catalog);
         if (r < 0)
                 return r;
         r = catalog_read_identity(s);
@@ -891,7 +895,7 @@ int store_subvolume_list(Store *s, StoreSubvolumeInfo **ret, size_t *ret_n) {
         size_t n = 0, n_users = 0, listed = 0;
         int r;
 
-        r = catalog_list_subvolumes(s, &recs, &n);
+        r = catalog_list_subvolumes(s, false, &recs, &n);
         if (r < 0)
                 return r;
         r = catalog_all_layer_users(s, &users, &n_users);

@@ -247,8 +247,9 @@ typedef struct StoreScrubStats {
         uint64_t bytes_checked;
         uint64_t blocks_damaged;
         uint64_t files_damaged;
-        uint64_t rows_checked;  /* metadata records of the layers */
+        uint64_t rows_checked;  /* metadata records of the layers and the catalog */
         uint64_t rows_damaged;
+        uint64_t catalog_rows_damaged; /* of those, the catalog's records of subvolumes and layers */
 } StoreScrubStats;
 
 /* Progress counts the bytes of the blocks checked; userdata goes to both

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -790,6 +791,34 @@ def wait_gone(pids, timeout):
             return []
         time.sleep(0.05)
     return [p for p in pids if process_alive(p)]
+
+
+def row_check(*values):
+    """The store's cowbox_check() of a row: XXH3-64 over each value's type,
+    length and bytes, as a signed 64-bit integer, as SQLite keeps it."""
+    data = bytearray()
+    for v in values:
+        if isinstance(v, (int, float)):
+            data += b'i' + (int(v) & (2**64 - 1)).to_bytes(8, 'little')
+        elif isinstance(v, (str, bytes)):
+            b = v.encode() if isinstance(v, str) else v
+            data += b'b' + len(b).to_bytes(4, 'little') + b
+        else:
+            data += b'n'
+    lib = ctypes.CDLL('libxxhash.so.0')
+    lib.XXH3_64bits.restype = ctypes.c_uint64
+    lib.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    h = lib.XXH3_64bits(bytes(data), len(data))
+    return h - 2**64 if h >= 2**63 else h
+
+
+def open_catalog(store_path, check=row_check):
+    """The store's catalog, opened as the store opens it: its triggers keep
+    the checks of the rows a test changes, through check. A check that
+    gives wrong values makes damaged rows."""
+    db = sqlite3.connect(os.path.join(store_path, 'catalog.db'), timeout=30)
+    db.create_function('cowbox_check', -1, check, deterministic=True)
+    return db
 
 
 def processes_with_arg(arg, exact=False):

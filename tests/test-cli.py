@@ -247,7 +247,7 @@ def test_receiving_names(store):
         check_mentions(r, 'images being received', ' '.join(args))
     # As an older version let one be made.
     store.create('rcv-old')
-    db = sqlite3.connect(os.path.join(store.path, 'catalog.db'))
+    db = t.open_catalog(store.path)
     db.execute("UPDATE subvolumes SET name = '.receiving-old-backup' WHERE name = 'rcv-old'")
     db.commit()
     db.close()

@@ -16,6 +16,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import re
 import sqlite3
 import struct
 import sys
@@ -360,13 +361,21 @@ def test_lost_layer():
             t.write_file(m.p('mine'), b'mine', fsync=True)
             t.fsync_dir(m.p(''))
         store.fsck()
-        # A store made before layers said whether their database was made:
-        # those whose database is there were.
+        # A store made before layers said whether their database was made
+        # (and before the catalog's records had checks): those whose
+        # database is there were.
         catalog = sqlite3.connect(J(store.path, 'catalog.db'))
+        for trigger in ('subvolumes_checked_insert', 'subvolumes_checked_update', 'layers_checked_insert',
+                        'layers_checked_update'):
+            catalog.execute(f'DROP TRIGGER {trigger}')
+        catalog.execute('ALTER TABLE subvolumes DROP COLUMN row_check')
+        catalog.execute('ALTER TABLE layers DROP COLUMN row_check')
         catalog.execute('ALTER TABLE layers DROP COLUMN made')
         catalog.commit()
         catalog.close()
         store.names()
+        r = store.fsck()
+        t.check('checksum' not in r.output, f'fsck after the catalog was given its checks:\n{r.output}')
         catalog = sqlite3.connect(J(store.path, 'catalog.db'))
         made = dict(catalog.execute('SELECT id, made FROM layers'))
         catalog.close()
@@ -423,9 +432,9 @@ def test_lost_layer():
 
 
 def test_catalog_top_layers():
-    """The catalog's rows carry no checks: a subvolume whose top layer was
-    changed to another's (one flipped bit) is caught by what fsck knows of
-    writable subvolumes' tops."""
+    """A catalog whose records agree with their checks but not with each
+    other, as a bug could write them: a subvolume whose top layer is
+    another's is caught by what fsck knows of writable subvolumes' tops."""
     with t.Store('records-catalog') as store:
         for name in ('a', 'b'):
             store.create(name)
@@ -433,7 +442,7 @@ def test_catalog_top_layers():
                 t.write_file(m.p('who'), name.encode(), fsync=True)
         store.snapshot('b', 'b-snap', readonly=True)
         store.fsck()
-        catalog = sqlite3.connect(J(store.path, 'catalog.db'))
+        catalog = t.open_catalog(store.path)
         top_b = store.show('b')['top_layer']
         frozen_b = catalog.execute('SELECT parent FROM layers WHERE id = ?', (top_b,)).fetchone()[0]
         for target, words in ((top_b, "subvolumes a, b share top layer"),
@@ -445,10 +454,77 @@ def test_catalog_top_layers():
         catalog.close()
 
 
+def stored_files(store):
+    """The store's layer and pack files with their sizes."""
+    return {f'{d}/{n}': os.path.getsize(J(store.path, d, n))
+            for d in ('layers', 'packs') for n in os.listdir(J(store.path, d))}
+
+
+def test_catalog_record_checks():
+    """The catalog's records of subvolumes and layers carry checks. A record
+    changed behind the store's back (a top layer that names another's, as a
+    flipped bit would) is not used: its subvolume neither shows nor mounts,
+    the reaper frees nothing while the catalog has it, and scrub and fsck
+    name it. Mended, everything works again."""
+    with t.Store('records-catalog-checks') as store:
+        content = {name: t.random_bytes(300 * 1024, i) for i, name in enumerate(('a', 'b', 'doomed'))}
+        for name, data in content.items():
+            store.create(name)
+            with store.mount(name) as m:
+                t.write_file(m.p('who'), data, fsync=True)
+        store.delete('doomed', reap=False)
+        reclaimable = store.usage()['reclaimable_bytes']
+        t.check(reclaimable > 0, 'bytes of the deleted subvolume waiting for the reaper')
+        top_a, top_b = store.show('a')['top_layer'], store.show('b')['top_layer']
+
+        damaged = t.open_catalog(store.path, check=lambda *values: 0)
+        damaged.execute("UPDATE subvolumes SET top_layer = ? WHERE name = 'a'", (top_b,))
+        damaged.commit()
+        for args in (['subvolume', 'show', 'a'], ['subvolume', 'list'], ['mount', 'a', store.new_dir('mnt-a')]):
+            r = store.run(*args, expect=None)
+            t.check(r.code != 0 and 'damaged' in r.err, f'{" ".join(args)} with a damaged record of a:\n{r.describe()}')
+        kept = stored_files(store)
+        r = store.run('reap', '--wait', expect=None)
+        t.check(r.code != 0, f'reap with a damaged record in the catalog:\n{r.describe()}')
+        t.check_equal(stored_files(store), kept, 'layer and pack files after the refused reap')
+        with store.mount('b', readonly=True) as m:
+            t.check_bytes(t.read_file(m.p('who')), content['b'], "b's file beside a's damaged record")
+        r = store.run('scrub', expect=1)
+        t.check(re.search(r'Subvolume: +a\n.*\n +Problem: +damaged catalog record of a subvolume\n', r.out)
+                and 'catalog subvolume' in r.out, f'scrub with a damaged record of a:\n{r.describe()}')
+        r = store.fsck(expect=1)
+        t.check("('a') fails its checksum" in r.output, f'fsck with a damaged record of a:\n{r.output}')
+
+        # Mended: written again with its own top, through the store's check.
+        mended = t.open_catalog(store.path)
+        mended.execute("UPDATE subvolumes SET top_layer = ? WHERE name = 'a'", (top_a,))
+        mended.commit()
+        store.fsck()
+        with store.mount('a', readonly=True) as m:
+            t.check_bytes(t.read_file(m.p('who')), content['a'], "a's file once its record was mended")
+        store.reap()
+        t.check_equal(store.usage()['reclaimable_bytes'], 0, 'bytes waiting once the catalog was mended and reaped')
+
+        # A layer's record: the subvolumes on it are not used.
+        damaged.execute('UPDATE layers SET created_usec = created_usec + 1 WHERE id = ?', (top_b,))
+        damaged.commit()
+        r = store.run('subvolume', 'show', 'b', expect=None)
+        t.check(r.code != 0 and 'damaged' in r.err, f'show of b over a damaged layer record:\n{r.describe()}')
+        r = store.run('scrub', expect=1)
+        t.check(f'catalog layer {top_b}' in r.out, f'scrub with a damaged record of layer {top_b}:\n{r.describe()}')
+        damaged.close()
+        mended.execute('UPDATE layers SET created_usec = created_usec - 1 WHERE id = ?', (top_b,))
+        mended.commit()
+        mended.close()
+        store.fsck()
+        store.run('scrub')
+
+
 def run():
     t.require_fuse()
     sub = t.Subtests()
     sub.run('damaged top layers in the catalog', test_catalog_top_layers)
+    sub.run('checks of the records of the catalog', test_catalog_record_checks)
     sub.run('a lost layer database', test_lost_layer)
     sub.run('damaged records', test_damaged_records)
     sub.run('layers without checks', test_layers_without_checks)
