@@ -79,7 +79,8 @@ struct Manager {
         unsigned n_jobs;
         uint32_t next_job_id;
         Workspaces workspaces;
-        /* Removals and restores waiting for a server's last commit. */
+        /* Removals and restores waiting for a server's last commit,
+         * and mounts waiting for their server to be ready. */
         WorkspaceCall *workspace_calls;
         Sandbox *sandboxes;
 
@@ -171,8 +172,9 @@ void manager_job_finished(Manager *m, Job *j);
 /* Workspaces (workspace-dbus.c): loads the list, mounts them, and watches
  * their use against their limits. */
 int manager_start_workspaces(Manager *m, char **ret_error);
-/* When the daemon stops: finishes and answers the removals and restores
- * still waiting for a server to let go, waiting for it here. */
+/* When the daemon stops: finishes and answers the removals, restores and
+ * creations still waiting for a server to let go or to be ready, waiting
+ * for it here. */
 void manager_stop_workspaces(Manager *m);
 int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error);
 int method_list_workspaces(sd_bus_message *message, void *userdata, sd_bus_error *error);

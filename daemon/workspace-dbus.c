@@ -7,9 +7,11 @@
 #include <pwd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 
 #include "api.h"
 #include "cleanup.h"
+#include "fd-util.h"
 #include "manager.h"
 #include "string-util.h"
 #include "time-util.h"
@@ -38,6 +40,11 @@ static int workspace_error(int r, const char *name, sd_bus_error *error) {
                                          "had not let go of it after %u s: it may still be committing what "
                                          "was written to it. Try again in a moment.", name,
                                          (unsigned) (WORKSPACE_RELEASE_TIMEOUT_USEC / 1000000));
+        case -ETIMEDOUT:
+                return sd_bus_error_setf(error, API_ERROR_BUSY, "The server of workspace '%s' was not ready "
+                                         "after %u s: another process (a fold, a snapshot) may hold its "
+                                         "subvolume. Try again in a moment.", name,
+                                         (unsigned) (WORKSPACE_MOUNT_TIMEOUT_USEC / 1000000));
         case -EINVAL:
                 return sd_bus_error_setf(error, API_ERROR_INVALID_NAME, "'%s' is not a valid name: up to 64 "
                                          "letters, digits, '.', '_' and '-', not starting with '.' or '-'.", name);
@@ -73,19 +80,35 @@ static Workspace *find(Manager *m, const char *name, sd_bus_error *error) {
 
 /* A removal or a restore between the unmount and the moment its server,
  * after its last commit, lets go of the subvolume: that can take seconds,
- * in which the daemon answers other calls. Its own call is answered
- * once the removal or the restore is done. */
+ * in which the daemon answers other calls. So does a mount between the
+ * start of its server and the moment it is ready, which may wait for
+ * another process to let go of the subvolume (a fold, a snapshot): a
+ * creation's, a restore's last step, or the watch's. Its own call is
+ * answered once the removal, the restore or the mount is done. */
+typedef enum CallType {
+        CALL_REMOVE,
+        CALL_RESTORE,
+        CALL_CREATE,
+        CALL_SERVE,                     /* the watch's mount: nobody to answer */
+} CallType;
+
 struct WorkspaceCall {
         Manager *manager;
-        sd_bus_message *message;
+        sd_bus_message *message;        /* NULL for CALL_SERVE */
+        CallType type;
         char *name;
-        char *label;                    /* a restore's checkpoint; NULL: a removal */
+        char *label;                    /* a restore's checkpoint */
         json_t *checkpoints;            /* a removal's, for its signals */
         bool had_subvolume;             /* a removal's */
+        int switched;                   /* a restore's switch, answered rather than its mount's result */
+        int ready_fd;                   /* while its server starts */
+        sd_event_source *ready;
         sd_event_source *timer;
         uint64_t deadline_usec;         /* CLOCK_MONOTONIC */
         WorkspaceCall *next;
 };
+
+static void call_mount(WorkspaceCall *c);
 
 static WorkspaceCall *call_free(WorkspaceCall *c) {
         if (!c)
@@ -97,7 +120,9 @@ static WorkspaceCall *call_free(WorkspaceCall *c) {
                                 break;
                         }
         sd_bus_message_unref(c->message);
+        sd_event_source_disable_unref(c->ready);
         sd_event_source_disable_unref(c->timer);
+        safe_close(c->ready_fd);
         free(c->name);
         free(c->label);
         json_decref(c->checkpoints);
@@ -109,17 +134,26 @@ static void call_freep(WorkspaceCall **c) {
         call_free(*c);
 }
 
-static WorkspaceCall *call_new(sd_bus_message *message, const char *name, const char *label) {
+static WorkspaceCall *call_new(sd_bus_message *message, CallType type, const char *name, const char *label) {
         _cleanup_(call_freep) WorkspaceCall *c = calloc(1, sizeof *c);
 
         if (!c)
                 return NULL;
+        c->ready_fd = -EBADF;
         c->message = sd_bus_message_ref(message);
+        c->type = type;
         c->name = strdup(name);
         c->label = label ? strdup(label) : NULL;
         if (!c->name || (label && !c->label))
                 return NULL;
         return TAKE_PTR(c);
+}
+
+/* Listed from now on: other changes of its workspace are refused. */
+static void call_add(Manager *m, WorkspaceCall *c) {
+        c->manager = m;
+        c->next = m->workspace_calls;
+        m->workspace_calls = c;
 }
 
 static WorkspaceCall *pending_call(Manager *m, const char *name) {
@@ -129,15 +163,22 @@ static WorkspaceCall *pending_call(Manager *m, const char *name) {
         return NULL;
 }
 
-/* Nothing else may change a workspace that is being switched over or
- * removed, and a second removal or restore would unmount it again. */
+/* Nothing else may change a workspace that is being switched over,
+ * removed or mounted, and a second removal or restore would unmount it
+ * again. */
 static int check_not_pending(Manager *m, const char *name, sd_bus_error *error) {
+        static const char *const doing[] = {
+                [CALL_REMOVE] = "removed",
+                [CALL_RESTORE] = "restored from a checkpoint",
+                [CALL_CREATE] = "created",
+                [CALL_SERVE] = "mounted",
+        };
         const WorkspaceCall *c = pending_call(m, name);
 
         if (!c)
                 return 0;
         return sd_bus_error_setf(error, API_ERROR_BUSY, "Workspace '%s' is being %s; try again once that is "
-                                 "done.", name, c->label ? "restored from a checkpoint" : "removed");
+                                 "done.", name, doing[c->type]);
 }
 
 /* The owner may use their own workspace; root and the group any. */
@@ -184,7 +225,8 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
         static const ApiOption allowed[] = {
                 { "image", 's' }, { "owner", 's' }, { "limit", 'u' }, { "path", 's' }, {}
         };
-        _cleanup_json_ json_t *opts = NULL, *doc = NULL;
+        _cleanup_(call_freep) WorkspaceCall *c = NULL;
+        _cleanup_json_ json_t *opts = NULL;
         _cleanup_free_ char *resolved = NULL;
         Manager *m = userdata;
         const char *name, *options, *image, *path;
@@ -225,27 +267,24 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
                         return r;
         }
 
-        r = workspace_create(&m->workspaces, m->store, m->store_path, name, image, uid, gid,
-                             api_option_uint(opts, "limit", 0), resolved);
+        c = call_new(message, CALL_CREATE, name, NULL);
+        if (!c)
+                return -ENOMEM;
+        r = workspace_create(&m->workspaces, m->store, name, image, uid, gid, api_option_uint(opts, "limit", 0),
+                             resolved);
         if (r == -EADDRINUSE)
                 return sd_bus_error_setf(error, API_ERROR_INVALID_JSON, "Workspace '%s' would be mounted where "
                                          "another workspace is, or in or around one; give it another "
                                          "\"path\".", name);
-        if (r == -ELOOP)
-                return sd_bus_error_setf(error, API_ERROR_UNSAFE_MOUNT_POINT, "The mount point of workspace '%s' "
-                                         "must be a directory of root or of its owner, with no symbolic link "
-                                         "on its way; nothing was made.", name);
         if (r == -EROFS)
                 return sd_bus_error_setf(error, API_ERROR_NOT_READ_ONLY, "'%s' is not a read-only image.", image);
         if (r == -ENOENT)
                 return sd_bus_error_setf(error, API_ERROR_NO_SUCH_IMAGE, "There is no image named '%s'.", image);
         if (r < 0)
                 return workspace_error(r, name, error);
-        signal_subvolume(m, name, NULL, true);
-        doc = workspace_to_json(workspace_find(&m->workspaces, name), m->store);
-        if (!doc)
-                return -ENOMEM;
-        return api_reply_json(message, doc);
+        call_add(m, c);
+        call_mount(TAKE_PTR(c));
+        return 1;
 }
 
 int method_list_workspaces(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -298,38 +337,142 @@ static int finish_remove(Manager *m, WorkspaceCall *c, int unmounted, sd_bus_err
         return sd_bus_reply_method_return(c->message, NULL);
 }
 
-static int finish_restore(Manager *m, WorkspaceCall *c, int unmounted, sd_bus_error *error) {
-        Workspace *ws;
+/* A mount's failure, as an error for the caller to send. */
+static int mount_error(const WorkspaceCall *c, int r, sd_bus_error *error) {
+        if (r == -ELOOP && c->type == CALL_CREATE)
+                return sd_bus_error_setf(error, API_ERROR_UNSAFE_MOUNT_POINT, "The mount point of workspace '%s' "
+                                         "must be a directory of root or of its owner, with no symbolic link "
+                                         "on its way; nothing was made.", c->name);
+        if (r == -ELOOP) {
+                const Workspace *ws = workspace_find(&c->manager->workspaces, c->name);
+
+                if (ws)
+                        return unsafe_mount_point_error(ws, error);
+        }
+        return workspace_error(r, c->name, error);
+}
+
+/* The rest of a creation, given the mount's result: the answer, or an
+ * error for the caller to send. */
+static int finish_create(Manager *m, WorkspaceCall *c, int mounted, sd_bus_error *error) {
+        _cleanup_json_ json_t *doc = NULL;
+
+        if (mounted < 0) {
+                (void) workspace_create_undo(&m->workspaces, m->store, c->name);
+                return mount_error(c, mounted, error);
+        }
+        signal_subvolume(m, c->name, NULL, true);
+        doc = workspace_to_json(workspace_find(&m->workspaces, c->name), m->store);
+        if (!doc)
+                return -ENOMEM;
+        return api_reply_json(c->message, doc);
+}
+
+/* Answers the call if it failed (unless the caller left the bus
+ * meanwhile: nobody to tell) and frees it. */
+static void call_done(WorkspaceCall *c, int r, sd_bus_error *error) {
+        if (r < 0 && c->message)
+                (void) (sd_bus_error_is_set(error) ? sd_bus_reply_method_error(c->message, error)
+                                                   : sd_bus_reply_method_errno(c->message, -r, NULL));
+        call_free(c);
+}
+
+/* Finishes the call once its workspace's server is ready, or failed. */
+static void call_mounted(WorkspaceCall *c, int mounted) {
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        Manager *m = c->manager;
+        int r = 0;
+
+        switch (c->type) {
+        case CALL_CREATE:
+                r = finish_create(m, c, mounted, &error);
+                break;
+        case CALL_RESTORE:
+                r = c->switched < 0 ? workspace_error(c->switched, c->name, &error) :
+                    mounted < 0 ? mount_error(c, mounted, &error) :
+                    sd_bus_reply_method_return(c->message, NULL);
+                break;
+        default:
+                break;
+        }
+        call_done(c, r, &error);
+}
+
+/* Waits here for the server of a started mount, until the call's
+ * deadline. */
+static int call_wait_ready(WorkspaceCall *c) {
+        uint64_t now = monotonic_usec();
         int r;
 
-        r = workspace_restore_finish(&m->workspaces, m->store, m->store_path, c->name, unmounted);
-        /* The replaced state was deleted, also when the mount after it
-         * failed: its space is the reaper's to give back, and the
-         * workspace's subvolume is another one (another UUID) of the
-         * same name. */
-        if (r >= 0 || r == -ELOOP) {
+        r = fd_wait_readable(c->ready_fd, now < c->deadline_usec ? (int) ((c->deadline_usec - now) / 1000) : 0);
+        if (r <= 0)
+                return r == 0 ? -ETIMEDOUT : r;
+        return workspace_mount_ready(c->ready_fd);
+}
+
+static int on_ready(sd_event_source *s, int fd, uint32_t revents, void *userdata) {
+        call_mounted(userdata, workspace_mount_ready(fd));
+        return 0;
+}
+
+static int on_ready_timeout(sd_event_source *s, uint64_t usec, void *userdata) {
+        call_mounted(userdata, -ETIMEDOUT);
+        return 0;
+}
+
+/* Starts the server of the call's workspace; finishes the call now if
+ * that failed or it is served already, and otherwise once the server is
+ * ready, or failed, or at the deadline with -ETIMEDOUT. Takes c, listed. */
+static void call_mount(WorkspaceCall *c) {
+        Manager *m = c->manager;
+        Workspace *ws = workspace_find(&m->workspaces, c->name);
+        int r;
+
+        c->timer = sd_event_source_disable_unref(c->timer);
+        r = ws ? workspace_mount_start(ws, m->store, m->store_path, &c->ready_fd) : -ENOENT;
+        if (r < 0 || c->ready_fd < 0) {
+                call_mounted(c, r);
+                return;
+        }
+        c->deadline_usec = monotonic_usec() + WORKSPACE_MOUNT_TIMEOUT_USEC;
+        r = sd_event_add_io(m->event, &c->ready, c->ready_fd, EPOLLIN, on_ready, c);
+        if (r >= 0)
+                r = sd_event_add_time(m->event, &c->timer, CLOCK_MONOTONIC, c->deadline_usec, 0, on_ready_timeout, c);
+        if (r < 0) {
+                /* The server is on its way: its answer is the call's. */
+                c->ready = sd_event_source_disable_unref(c->ready);
+                c->timer = sd_event_source_disable_unref(c->timer);
+                call_mounted(c, call_wait_ready(c));
+        }
+}
+
+/* The restore's switch, given the unmount's result; then its mount. */
+static void finish_restore(Manager *m, WorkspaceCall *c, int unmounted) {
+        c->switched = workspace_restore_finish(&m->workspaces, m->store, c->name, unmounted);
+        /* The replaced state was deleted, whether or not the mount after
+         * it succeeds: its space is the reaper's to give back, and the
+         * workspace's subvolume is another one (another UUID) of the same
+         * name. */
+        if (c->switched >= 0) {
                 signal_subvolume(m, c->name, NULL, false);
                 signal_subvolume(m, c->name, NULL, true);
                 manager_reap_soon(m);
         }
-        ws = workspace_find(&m->workspaces, c->name);
-        if (r == -ELOOP && ws)
-                return unsafe_mount_point_error(ws, error);
-        return r < 0 ? workspace_error(r, c->name, error) : sd_bus_reply_method_return(c->message, NULL);
+        call_mount(c);
 }
 
-/* Finishes the removal or restore, answers its call and frees it. */
-static void call_finish(WorkspaceCall *c, int unmounted) {
+/* Finishes the removal and answers it, or goes on with the restore,
+ * once the server let go, or failed to. */
+static void call_released(WorkspaceCall *c, int unmounted) {
         _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
-        Manager *m = c->manager;
         int r;
 
-        r = c->label ? finish_restore(m, c, unmounted, &error) : finish_remove(m, c, unmounted, &error);
-        /* The caller may have left the bus meanwhile: nobody to tell. */
-        if (r < 0)
-                (void) (sd_bus_error_is_set(&error) ? sd_bus_reply_method_error(c->message, &error)
-                                                    : sd_bus_reply_method_errno(c->message, -r, NULL));
-        call_free(c);
+        if (c->type == CALL_RESTORE) {
+                finish_restore(c->manager, c, unmounted);
+                return;
+        }
+        r = finish_remove(c->manager, c, unmounted, &error);
+        call_done(c, r, &error);
 }
 
 static int on_release_check(sd_event_source *s, uint64_t usec, void *userdata) {
@@ -345,43 +488,48 @@ static int on_release_check(sd_event_source *s, uint64_t usec, void *userdata) {
                 if (r >= 0)
                         return 0;
         }
-        call_finish(c, r > 0 ? 0 : r == 0 ? -ETIME : r);
+        call_released(c, r > 0 ? 0 : r == 0 ? -ETIME : r);
         return 0;
 }
 
-/* Given the result of workspace_unmount_start(): finishes the call now if
- * that failed or the server let go already, and otherwise once it has,
- * or at the deadline with -ETIME. Takes c; its call is answered. */
+/* Given the result of workspace_unmount_start(): goes on now if that
+ * failed or the server let go already, and otherwise once it has, or at
+ * the deadline with -ETIME. Takes c; its call is answered. */
 static int call_wait_released(Manager *m, WorkspaceCall *c, int unmounted) {
         Workspace *ws = workspace_find(&m->workspaces, c->name);
         int r = unmounted;
 
-        c->manager = m;
+        call_add(m, c);
         if (r >= 0)
                 r = ws ? workspace_released(ws, m->store) : 1;
         if (r == 0) {
                 c->deadline_usec = monotonic_usec() + WORKSPACE_RELEASE_TIMEOUT_USEC;
                 r = sd_event_add_time_relative(m->event, &c->timer, CLOCK_MONOTONIC, WORKSPACE_RELEASE_POLL_USEC,
                                                0, on_release_check, c);
-                if (r >= 0) {
-                        c->next = m->workspace_calls;
-                        m->workspace_calls = c;
+                if (r >= 0)
                         return 1;
-                }
         }
-        call_finish(c, r > 0 ? 0 : r);
+        call_released(c, r > 0 ? 0 : r);
         return 1;
 }
 
 void manager_stop_workspaces(Manager *m) {
         /* Nothing else is served now: wait here, as long as they would
-         * have waited, rather than leave them half done. */
+         * have waited, rather than leave them half done. A restore goes
+         * on to its mount, and stays listed until that is done too. */
         while (m->workspace_calls) {
                 WorkspaceCall *c = m->workspace_calls;
                 Workspace *ws = workspace_find(&m->workspaces, c->name);
 
+                c->ready = sd_event_source_disable_unref(c->ready);
                 c->timer = sd_event_source_disable_unref(c->timer);
-                call_finish(c, ws ? workspace_wait_released(ws, m->store, c->deadline_usec) : 0);
+                if (c->type == CALL_SERVE)
+                        /* Nobody waits for it: the server comes up on its own. */
+                        call_free(c);
+                else if (c->ready_fd >= 0)
+                        call_mounted(c, call_wait_ready(c));
+                else
+                        call_released(c, ws ? workspace_wait_released(ws, m->store, c->deadline_usec) : 0);
         }
 }
 
@@ -406,7 +554,7 @@ int method_remove_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
         r = check_not_pending(m, name, error);
         if (r < 0)
                 return r;
-        c = call_new(message, name, NULL);
+        c = call_new(message, CALL_REMOVE, name, NULL);
         if (!c)
                 return -ENOMEM;
         /* Its checkpoints go with it: their names for the signals. */
@@ -490,7 +638,7 @@ int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_err
         r = check_not_pending(m, name, error);
         if (r < 0)
                 return r;
-        c = call_new(message, name, label);
+        c = call_new(message, CALL_RESTORE, name, label);
         if (!c)
                 return -ENOMEM;
         r = workspace_restore_prepare(&m->workspaces, m->store, name, label);
@@ -521,6 +669,15 @@ int method_list_checkpoints(sd_bus_message *message, void *userdata, sd_bus_erro
 
 /* ---- the watch ---- */
 
+static void serve(Manager *m, const Workspace *ws) {
+        WorkspaceCall *c = call_new(NULL, CALL_SERVE, ws->name, NULL);
+
+        if (!c)
+                return;
+        call_add(m, c);
+        call_mount(c);
+}
+
 static void watch_one(Manager *m, Workspace *ws, bool disk_full, uint64_t disk_free) {
         _cleanup_free_ char *subvolume = NULL;
         StoreSubvolumeInfo info = {};
@@ -528,9 +685,10 @@ static void watch_one(Manager *m, Workspace *ws, bool disk_full, uint64_t disk_f
 
         /* Its server died: serve it again. Not while its subvolume is
          * mounted elsewhere: that mount would fail, after a wait; nor
-         * while a removal or a restore has it unmounted. */
+         * while a removal or a restore has it unmounted, nor while a
+         * server of it starts. */
         if (!pending_call(m, ws->name) && workspace_server(ws, m->store) == WORKSPACE_NOT_SERVED)
-                (void) workspace_mount(ws, m->store, m->store_path);
+                serve(m, ws);
         /* A full disk stops every workspace's writers: each is told. */
         if (disk_full && !ws->disk_full)
                 (void) sd_bus_emit_signal(m->bus, API_MANAGER_PATH, API_MANAGER_INTERFACE, "WorkspaceDiskFull",

@@ -24,7 +24,6 @@
 #include "time-util.h"
 #include "workspace.h"
 
-#define MOUNT_READY_TIMEOUT_MS (30 * 1000)
 #define LABEL_MAX 64
 
 static uint64_t now_usec(void) {
@@ -398,15 +397,12 @@ static void mount_server(const Workspace *ws, const char *store_path, const char
         _exit(store_mount(s, subvolume, ws->path, &opts, NULL) < 0 ? EXIT_FAILURE : EXIT_SUCCESS);
 }
 
-static int wait_ready(int fd) {
+int workspace_mount_ready(int fd) {
         char buf[4];
-        ssize_t k;
-        int r;
+        ssize_t k = read(fd, buf, sizeof buf);
 
-        r = fd_wait_readable(fd, MOUNT_READY_TIMEOUT_MS);
-        if (r <= 0)
-                return r == 0 ? -ETIMEDOUT : r;
-        k = read(fd, buf, sizeof buf);
+        if (k < 0)
+                return -errno;
         return k > 0 && buf[0] == '1' ? 0 : -EIO;
 }
 
@@ -474,12 +470,13 @@ static int finish_restore(Store *s, const char *subvolume) {
         return r == -ENOENT ? 0 : r;
 }
 
-int workspace_mount(Workspace *ws, Store *s, const char *store_path) {
+int workspace_mount_start(Workspace *ws, Store *s, const char *store_path, int *ret_ready_fd) {
         _cleanup_free_ char *subvolume = NULL;
         _cleanup_close_ int rfd = -EBADF;
         int fds[2], status, r;
         pid_t pid;
 
+        *ret_ready_fd = -EBADF;
         r = workspace_subvolume(ws->name, NULL, &subvolume);
         if (r < 0)
                 return r;
@@ -519,7 +516,21 @@ int workspace_mount(Workspace *ws, Store *s, const char *store_path) {
         }
         close(fds[1]);
         (void) waitpid(pid, &status, 0);
-        return wait_ready(rfd);
+        *ret_ready_fd = TAKE_FD(rfd);
+        return 0;
+}
+
+int workspace_mount(Workspace *ws, Store *s, const char *store_path) {
+        _cleanup_close_ int fd = -EBADF;
+        int r;
+
+        r = workspace_mount_start(ws, s, store_path, &fd);
+        if (r < 0 || fd < 0)
+                return r;
+        r = fd_wait_readable(fd, WORKSPACE_MOUNT_TIMEOUT_USEC / 1000);
+        if (r <= 0)
+                return r == 0 ? -ETIMEDOUT : r;
+        return workspace_mount_ready(fd);
 }
 
 int workspace_released(const Workspace *ws, Store *s) {
@@ -597,7 +608,25 @@ static int give_root_to(Store *s, const char *subvolume, uid_t owner, gid_t grou
         return r;
 }
 
-int workspace_create(Workspaces *w, Store *s, const char *store_path, const char *name, const char *image,
+/* Out of the list (saved) and, if it was made, its subvolume deleted: as
+ * if it had never been asked for. */
+static void create_undo(Workspaces *w, Store *s, Workspace *ws, bool made) {
+        _cleanup_free_ char *subvolume = NULL;
+
+        for (Workspace **p = &w->list; *p; p = &(*p)->next)
+                if (*p == ws) {
+                        *p = ws->next;
+                        break;
+                }
+        (void) workspaces_save(w);
+        if (made && workspace_subvolume(ws->name, NULL, &subvolume) >= 0) {
+                (void) workspace_unmount(ws, s);
+                (void) store_subvolume_delete(s, subvolume, NULL);
+        }
+        workspace_free(ws);
+}
+
+int workspace_create(Workspaces *w, Store *s, const char *name, const char *image,
                      uid_t owner, gid_t group, uint64_t limit, const char *path) {
         _cleanup_free_ char *subvolume = NULL;
         StoreSubvolumeInfo info = {};
@@ -659,18 +688,18 @@ int workspace_create(Workspaces *w, Store *s, const char *store_path, const char
         /* Also without a limit: a snapshot keeps the image's quota. */
         if (r >= 0)
                 r = store_subvolume_set_quota(s, subvolume, limit);
-        if (r >= 0)
-                r = workspace_mount(ws, s, store_path);
-        if (r < 0) {
-                w->list = ws->next;
-                (void) workspaces_save(w);
-                if (made) {
-                        (void) workspace_unmount(ws, s);
-                        (void) store_subvolume_delete(s, subvolume, NULL);
-                }
-                workspace_free(ws);
-        }
+        if (r < 0)
+                create_undo(w, s, ws, made);
         return r;
+}
+
+int workspace_create_undo(Workspaces *w, Store *s, const char *name) {
+        Workspace *ws = workspace_find(w, name);
+
+        if (!ws)
+                return -ENOENT;
+        create_undo(w, s, ws, true);
+        return 0;
 }
 
 /* The names of the workspace's checkpoints' subvolumes (prefix "workspace-NAME@"). */
@@ -816,7 +845,7 @@ int workspace_restore_prepare(Workspaces *w, Store *s, const char *name, const c
         return r;
 }
 
-int workspace_restore_finish(Workspaces *w, Store *s, const char *store_path, const char *name, int unmounted) {
+int workspace_restore_finish(Workspaces *w, Store *s, const char *name, int unmounted) {
         _cleanup_free_ char *subvolume = NULL, *incoming = NULL;
         Workspace *ws = workspace_find(w, name);
         bool deleted = false;
@@ -825,10 +854,8 @@ int workspace_restore_finish(Workspaces *w, Store *s, const char *store_path, co
         if (!ws)
                 return -ENOENT;
         if (workspace_subvolume(name, NULL, &subvolume) < 0 ||
-            asprintf(&incoming, "%s" WORKSPACE_RESTORING_SUFFIX, subvolume) < 0) {
-                (void) workspace_mount(ws, s, store_path);
+            asprintf(&incoming, "%s" WORKSPACE_RESTORING_SUFFIX, subvolume) < 0)
                 return -ENOMEM;
-        }
         if (r >= 0) {
                 r = store_subvolume_delete(s, subvolume, NULL);
                 if (r == -ENOENT)
@@ -842,11 +869,10 @@ int workspace_restore_finish(Workspaces *w, Store *s, const char *store_path, co
                  * the mount finishes the switch. */
                 if (!deleted)
                         (void) store_subvolume_delete(s, incoming, NULL);
-                (void) workspace_mount(ws, s, store_path);
                 return r;
         }
         ws->warned = ws->full = false;
-        return workspace_mount(ws, s, store_path);
+        return 0;
 }
 
 json_t *workspace_to_json(const Workspace *ws, Store *s) {

@@ -76,16 +76,31 @@ int workspace_check_path(const Workspaces *w, const char *store_path, const char
                          char **ret, const char **ret_reason);
 bool workspace_path_is_taken(const Workspaces *w, const char *path);
 
-/* Creates the subvolume, gives its root to the owner, sets the limit,
- * mounts it and adds it to the list (saved). -EADDRINUSE if its mount point
+/* Adds it to the list (saved), creates the subvolume, gives its root to
+ * the owner and sets the limit; the caller mounts it, and calls
+ * workspace_create_undo() if that fails. -EADDRINUSE if its mount point
  * is another workspace's, or lies in or around one. */
-int workspace_create(Workspaces *w, Store *s, const char *store_path, const char *name, const char *image,
+int workspace_create(Workspaces *w, Store *s, const char *name, const char *image,
                      uid_t owner, gid_t group, uint64_t limit, const char *path);
+/* Takes a new workspace out of the list (saved) and deletes its subvolume. */
+int workspace_create_undo(Workspaces *w, Store *s, const char *name);
 
-/* Mounts a workspace unless it is mounted already; a dead mount (its
- * server gone) is cleaned up first. -ELOOP if its mount point is no longer
- * a directory of root or its owner reached through directories only (a
- * symbolic link swapped in): nothing is mounted then. */
+/* A server that starts waits for a fold or a snapshot that holds its
+ * subvolume for a moment: how long to wait for it to be ready. */
+#define WORKSPACE_MOUNT_TIMEOUT_USEC (30 * 1000 * 1000)
+
+/* Starts the server of a workspace unless it is served already; a dead
+ * mount (its server gone) is cleaned up first. *ret_ready_fd is then the
+ * read end of a pipe that becomes readable once the server is ready or
+ * failed (workspace_mount_ready() tells which), or -EBADF if it was served
+ * already. -ELOOP if its mount point is no longer a directory of root or
+ * its owner reached through directories only (a symbolic link swapped
+ * in): nothing is mounted then. */
+int workspace_mount_start(Workspace *ws, Store *s, const char *store_path, int *ret_ready_fd);
+/* Once the pipe is readable: 0 if the server is ready, -EIO if it failed. */
+int workspace_mount_ready(int fd);
+/* Both, waiting up to WORKSPACE_MOUNT_TIMEOUT_USEC (then -ETIMEDOUT): for
+ * callers that serve nothing else meanwhile. */
 int workspace_mount(Workspace *ws, Store *s, const char *store_path);
 
 /* After the unmount, the server makes its last commit and only then lets
@@ -133,9 +148,10 @@ int workspace_checkpoint(Workspaces *w, Store *s, const char *name, const char *
  * -ENOKEY if there is no such checkpoint. */
 int workspace_restore_prepare(Workspaces *w, Store *s, const char *name, const char *label);
 /* Given the unmount's result (0 once released, or a negative errno),
- * switches the workspace over to the restored state and mounts it; if
- * the unmount failed, drops the restored state and mounts the old one. */
-int workspace_restore_finish(Workspaces *w, Store *s, const char *store_path, const char *name, int unmounted);
+ * switches the workspace over to the restored state; if the unmount
+ * failed, drops the restored state. Whatever it returns, the caller then
+ * mounts the workspace again. */
+int workspace_restore_finish(Workspaces *w, Store *s, const char *name, int unmounted);
 
 /* NULL if it cannot be made: no memory, or a name that is not UTF-8. */
 json_t *workspace_to_json(const Workspace *ws, Store *s);

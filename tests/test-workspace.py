@@ -7,6 +7,8 @@ intact, the warning signal, a raised limit); another user kept out; and
 the workspace mounted again with its data after a restart of the daemon
 and after its mount went away (as after a reboot)."""
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -663,6 +665,94 @@ def check_unmount_waits_aside(dev):
         store.fsck()
 
 
+def held_as_if_folded(store, subvolume):
+    """Holds the lock of subvolume as a fold or a snapshot does for a
+    moment: a server that starts waits for it, up to a minute. Returns the
+    lock file's path and a function that lets it go."""
+    path = os.path.join(store.path, 'locks', f'subvolume-{store.show(subvolume)["id"]}.lock')
+    f = open(path, 'a+')
+    fcntl.flock(f, fcntl.LOCK_EX)
+    f.seek(0)
+    f.truncate()
+    f.write(f'{os.getpid()} brief\n')
+    f.flush()
+    return path, f.close
+
+
+def wait_for_lock_waiter(path, daemon):
+    """Until a process other than this one and the daemon (a server that
+    starts) has the lock file open: it waits for the lock."""
+    def waiting():
+        for pid in os.listdir('/proc'):
+            if not pid.isdigit() or int(pid) in (os.getpid(), daemon.proc.pid):
+                continue
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(f'/proc/{pid}/fd'):
+                    with contextlib.suppress(OSError):
+                        if os.readlink(f'/proc/{pid}/fd/{fd}') == path:
+                            return True
+        return False
+    d.wait_for('a server to wait for the lock', waiting)
+
+
+def check_mount_waits_aside(dev):
+    """A server that starts waits for its subvolume's lock while a fold or
+    a snapshot holds it: up to a minute. Meanwhile the daemon answers other
+    calls and refuses other changes of that workspace; the call whose mount
+    waits (here a restore's) is answered once the server is ready; also
+    when the daemon is stopped meanwhile."""
+    with t.Store('workspace-mount') as store:
+        make_image(store)
+        with d.bus_and_daemon(store) as (bus, daemon):
+            path = json.loads(d.cowbox(bus, '--json', 'workspace', 'create', 'slow', '--image', 'src-main',
+                                       '--owner', 'cowbox-test-dev').out)['path']
+            d.cowbox(bus, 'workspace', 'checkpoint', 'slow', 'good', user=dev)
+            as_user(bus, dev, 'sh', '-c', f'echo later > {path}/later')
+
+            for stop in (False, True):
+                # The restored state's lock is taken while the restore
+                # waits for the old server: then its new server waits.
+                resume = held_server(store, 'workspace-slow')
+                call = call_in_background(bus, 'RestoreWorkspace', 'slow', 'good')
+                release = None
+                try:
+                    d.wait_for('the restore to unmount the workspace', lambda: not t.is_mounted(path))
+                    lock, release = held_as_if_folded(store, 'workspace-slow+restoring')
+                    resume()
+                    wait_for_lock_waiter(lock, daemon)
+                    if stop:
+                        daemon.proc.terminate()
+                        time.sleep(1)
+                    else:
+                        start = time.monotonic()
+                        d.gdbus_call(bus, 'GetStatus')
+                        took = time.monotonic() - start
+                        t.check(took < 1, f'GetStatus while a mount waits for its lock: answered after {took:.1f}s')
+                        answered_at_once(bus, 'a mount')
+                        for args in (('workspace', 'rm', 'slow'), ('workspace', 'checkpoint', 'slow', 'other'),
+                                     ('workspace', 'restore', 'slow', 'good')):
+                            r = d.cowbox(bus, *args, expect=1)
+                            t.check('is being restored' in r.err, f'{args} while its mount waits:\n{r.err}')
+                    t.check(call.poll() is None, 'the restore answered before its server was ready')
+                finally:
+                    with contextlib.suppress(ProcessLookupError):
+                        resume()    # gone already, once it let go
+                    if release:
+                        release()
+                if stop:
+                    daemon.proc.wait(60)
+                out, err = call.communicate(timeout=60)
+                t.check_equal((call.returncode, err), (0, ''),
+                              'the restore once its server was ready' + (', at the stop' if stop else ''))
+                if stop:
+                    daemon.start()
+                t.check_equal(json.loads(d.cowbox(bus, '--json', 'workspace', 'show', 'slow').out)['state'],
+                              'mounted', 'the restored workspace')
+                t.check(not os.path.exists(path + '/later'), 'a file written after the checkpoint, after the restore')
+                as_user(bus, dev, 'sh', '-c', f'echo later > {path}/later')
+        store.fsck()
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -776,6 +866,7 @@ def run():
     check_restore_cut_short(dev)
     check_restore_left_behind(dev)
     check_unmount_waits_aside(dev)
+    check_mount_waits_aside(dev)
     check_disk_full()
 
 
