@@ -86,8 +86,11 @@ int workspace_create(Workspaces *w, Store *s, const char *name, const char *imag
 int workspace_create_undo(Workspaces *w, Store *s, const char *name);
 
 /* A server that starts waits for a fold or a snapshot that holds its
- * subvolume for a moment: how long to wait for it to be ready. */
-#define WORKSPACE_MOUNT_TIMEOUT_USEC (30 * 1000 * 1000)
+ * subvolume for a moment, up to a minute: how long to wait for it to be
+ * ready. Longer than that, so that a server that gives up says so first;
+ * one that mounted after the daemon had given up would serve a workspace
+ * whose creation was undone. */
+#define WORKSPACE_MOUNT_TIMEOUT_USEC (90 * 1000 * 1000)
 
 /* Starts the server of a workspace unless it is served already; a dead
  * mount (its server gone) is cleaned up first. *ret_ready_fd is then the
