@@ -59,17 +59,27 @@
 #define SUBVOLUME_CHECKED_COLUMNS \
         "id, name, uuid, parent_uuid, readonly, created_usec, top_layer, quota_bytes, deleted, " \
         "received_uuid, ctransid, stransid"
+/* A change of a row damaged already is refused (SQLITE_CONSTRAINT_TRIGGER,
+ * -EUCLEAN): its check computed anew would pass the damage for sound. */
 #define CATALOG_CHECK_TRIGGERS_SQL                                                                       \
         "CREATE TRIGGER IF NOT EXISTS subvolumes_checked_insert AFTER INSERT ON subvolumes BEGIN"       \
         "  UPDATE subvolumes SET row_check = " SUBVOLUME_CHECK " WHERE id = NEW.id; END;"              \
+        "CREATE TRIGGER IF NOT EXISTS subvolumes_sound_update"                                          \
+        "  BEFORE UPDATE OF " SUBVOLUME_CHECKED_COLUMNS " ON subvolumes"                                \
+        "  WHEN OLD.row_check IS NOT " SUBVOLUME_CHECK_OF("OLD.") " BEGIN"                              \
+        "  SELECT RAISE(ABORT, 'damaged record'); END;"                                                 \
         "CREATE TRIGGER IF NOT EXISTS subvolumes_checked_update"                                        \
         "  AFTER UPDATE OF " SUBVOLUME_CHECKED_COLUMNS " ON subvolumes BEGIN"                           \
         "  UPDATE subvolumes SET row_check = " SUBVOLUME_CHECK " WHERE id = NEW.id; END;"              \
         "CREATE TRIGGER IF NOT EXISTS layers_checked_insert AFTER INSERT ON layers BEGIN"               \
-        "  UPDATE layers SET row_check = " LAYER_CHECK_OF("layers") " WHERE id = NEW.id; END;"         \
+        "  UPDATE layers SET row_check = " LAYER_CHECK_OF("layers.") " WHERE id = NEW.id; END;"        \
+        "CREATE TRIGGER IF NOT EXISTS layers_sound_update"                                              \
+        "  BEFORE UPDATE OF id, parent, created_usec, made ON layers"                                   \
+        "  WHEN OLD.row_check IS NOT " LAYER_CHECK_OF("OLD.") " BEGIN"                                  \
+        "  SELECT RAISE(ABORT, 'damaged record'); END;"                                                 \
         "CREATE TRIGGER IF NOT EXISTS layers_checked_update"                                            \
         "  AFTER UPDATE OF id, parent, created_usec, made ON layers BEGIN"                              \
-        "  UPDATE layers SET row_check = " LAYER_CHECK_OF("layers") " WHERE id = NEW.id; END;"
+        "  UPDATE layers SET row_check = " LAYER_CHECK_OF("layers.") " WHERE id = NEW.id; END;"
 
 static const char catalog_schema[] =
         "CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
@@ -191,12 +201,49 @@ static int upgrade_row_checks(Store *s) {
                         "ALTER TABLE layers ADD COLUMN" CHECKED_COLUMN_SQL ";"
                         CATALOG_CHECK_TRIGGERS_SQL
                         "UPDATE subvolumes SET row_check = " SUBVOLUME_CHECK ";"
-                        "UPDATE layers SET row_check = " LAYER_CHECK_OF("layers") ";");
+                        "UPDATE layers SET row_check = " LAYER_CHECK_OF("layers.") ";");
         if (r >= 0)
                 r = sqlite_commit(s->catalog);
         if (r < 0)
                 sqlite_rollback(s->catalog);
         return r;
+}
+
+/* The first triggers of the checks computed them anew from any row, also
+ * from one damaged already, which a change of it then passed for sound. */
+static int upgrade_check_triggers(Store *s) {
+        int64_t current = 0;
+        int r;
+
+        r = sqlite_query_int(s->catalog, "SELECT count(*) FROM sqlite_master "
+                                         "WHERE type = 'trigger' AND name = 'subvolumes_sound_update'", &current);
+        if (r < 0 || current > 0)
+                return r;
+        r = sqlite_exec(s->catalog, "BEGIN IMMEDIATE;" CATALOG_CHECK_TRIGGERS_SQL);
+        if (r >= 0)
+                r = sqlite_commit(s->catalog);
+        if (r < 0)
+                sqlite_rollback(s->catalog);
+        return r;
+}
+
+/* Programs of the format before could not write this one (they lack the
+ * function of the checks): it says so, and they refuse to open it. */
+static int upgrade_format(Store *s) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int64_t format = 0;
+        int r;
+
+        /* Read first: a store opened while another process writes to its
+         * catalog must not wait for it. */
+        r = sqlite_query_int(s->catalog, "SELECT value FROM meta WHERE key = 'format'", &format);
+        if (r < 0 || format >= STORE_FORMAT_VERSION)
+                return r;
+        r = sqlite_prepare(s->catalog, "UPDATE meta SET value = ?1 WHERE key = 'format' AND value < ?1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int(st, 1, STORE_FORMAT_VERSION);
+        return sqlite_step_done(st);
 }
 
 int catalog_upgrade(Store *s) {
@@ -237,8 +284,12 @@ int catalog_upgrade(Store *s) {
                         return r;
         }
         if (!has_column(db, "subvolumes", "row_check"))
-                return upgrade_row_checks(s);
-        return 0;
+                r = upgrade_row_checks(s);
+        else
+                r = upgrade_check_triggers(s);
+        if (r < 0)
+                return r;
+        return upgrade_format(s);
 }
 
 int catalog_layer_set_made(Store *s, uint64_t id) {
@@ -436,7 +487,7 @@ static int layer_stack_read(Store *s, const char *seed_sql, uint64_t key, uint64
         if (asprintf(&sql,
                      "WITH RECURSIVE stack(id, parent, depth, sound) AS (%s"
                      "  UNION ALL SELECT layers.id, layers.parent, stack.depth + 1,"
-                     "  layers.row_check IS " LAYER_CHECK_OF("layers")
+                     "  layers.row_check IS " LAYER_CHECK_OF("layers.")
                      "  FROM layers JOIN stack ON layers.id = stack.parent WHERE stack.depth < 100000) "
                      "SELECT id, parent IS NULL, sound FROM stack ORDER BY depth", seed_sql) < 0)
                 return -ENOMEM;
@@ -469,14 +520,14 @@ static int layer_stack_read(Store *s, const char *seed_sql, uint64_t key, uint64
 }
 
 int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_n) {
-        return layer_stack_read(s, "SELECT id, parent, 0, row_check IS " LAYER_CHECK_OF("layers")
+        return layer_stack_read(s, "SELECT id, parent, 0, row_check IS " LAYER_CHECK_OF("layers.")
                                    " FROM layers WHERE id = ?1", top, ret_ids, ret_n);
 }
 
 int catalog_subvolume_stack(Store *s, uint64_t id, uint64_t **ret_ids, size_t *ret_n) {
         int r;
 
-        r = layer_stack_read(s, "SELECT id, parent, 0, row_check IS " LAYER_CHECK_OF("layers") " AND "
+        r = layer_stack_read(s, "SELECT id, parent, 0, row_check IS " LAYER_CHECK_OF("layers.") " AND "
                                 "(SELECT row_check IS " SUBVOLUME_CHECK " FROM subvolumes WHERE id = ?1) "
                                 "FROM layers WHERE id = (SELECT top_layer FROM subvolumes WHERE id = ?1)",
                              id, ret_ids, ret_n);
@@ -489,13 +540,46 @@ int catalog_subvolume_stack(Store *s, uint64_t id, uint64_t **ret_ids, size_t *r
         return r > 0 ? -EUCLEAN : -ENOENT;
 }
 
+int catalog_damaged_subvolume_id(Store *s, const char *name, uint64_t *ret_id) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT id FROM subvolumes WHERE name = ?1 "
+                                       "AND row_check IS NOT " SUBVOLUME_CHECK " LIMIT 1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        r = sqlite_step_row(st);
+        if (r <= 0)
+                return r < 0 ? r : -ENOENT;
+        *ret_id = (uint64_t) sqlite3_column_int64(st, 0);
+        return 0;
+}
+
+int catalog_remove_damaged_subvolume(Store *s, uint64_t id) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "DELETE FROM subvolumes WHERE id = ?1 AND row_check IS NOT " SUBVOLUME_CHECK,
+                           &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) id);
+        r = sqlite_step_done(st);
+        if (r < 0)
+                return r;
+        return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
+}
+
 void catalog_damage_array_free(CatalogDamage *d, size_t n) {
         for (size_t i = 0; i < n; i++)
                 free(d[i].name);
         free(d);
 }
 
-int catalog_damaged_records(Store *s, CatalogDamage **ret, size_t *ret_n, uint64_t *ret_checked) {
+int catalog_damaged_records(Store *s, bool live_only, CatalogDamage **ret, size_t *ret_n, uint64_t *ret_checked) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         CatalogDamage *d = NULL;
         size_t n = 0, allocated = 0;
@@ -504,9 +588,13 @@ int catalog_damaged_records(Store *s, CatalogDamage **ret, size_t *ret_n, uint64
 
         CATALOG_LOCKED(s);
         r = sqlite_prepare(s->catalog,
-                           "SELECT 0, id, name FROM subvolumes WHERE row_check IS NOT " SUBVOLUME_CHECK
-                           " UNION ALL SELECT 1, id, NULL FROM layers WHERE row_check IS NOT "
-                           LAYER_CHECK_OF("layers") " ORDER BY 1, 2", &st);
+                           live_only ? LIVE_LAYERS_CTE
+                                       "SELECT 0, id, name FROM subvolumes WHERE row_check IS NOT " SUBVOLUME_CHECK
+                                       " UNION ALL SELECT 1, id, NULL FROM layers WHERE row_check IS NOT "
+                                       LAYER_CHECK_OF("layers.") " AND id IN (SELECT layer FROM live) ORDER BY 1, 2"
+                                     : "SELECT 0, id, name FROM subvolumes WHERE row_check IS NOT " SUBVOLUME_CHECK
+                                       " UNION ALL SELECT 1, id, NULL FROM layers WHERE row_check IS NOT "
+                                       LAYER_CHECK_OF("layers.") " ORDER BY 1, 2", &st);
         if (r < 0)
                 return r;
         while ((r = sqlite_step_row(st)) > 0) {
@@ -730,11 +818,14 @@ static int layer_below_unwritten(Store *s, uint64_t top, uint64_t *ret) {
         r = layer_exists(s, top);
         if (r != 0)
                 return r < 0 ? r : 0;
-        r = sqlite_prepare(s->catalog, "SELECT parent FROM layers WHERE id = ?1 AND made = 0", &st);
+        r = sqlite_prepare(s->catalog, "SELECT parent, row_check IS " LAYER_CHECK_OF("") " FROM layers "
+                                       "WHERE id = ?1 AND made = 0", &st);
         if (r < 0)
                 return r;
         sqlite3_bind_int64(st, 1, (sqlite3_int64) top);
         r = sqlite_step_row(st);
+        if (r > 0 && !sqlite3_column_int(st, 1))
+                return -EUCLEAN;        /* the parent a snapshot would stand on is not known */
         if (r <= 0 || sqlite3_column_type(st, 0) == SQLITE_NULL)
                 return r < 0 ? r : 0;
         *ret = (uint64_t) sqlite3_column_int64(st, 0);

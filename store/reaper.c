@@ -733,20 +733,22 @@ int reaper_lock(Store *s, bool wait, const char *waiter, pid_t *ret_holder) {
 }
 
 /* What the reaper frees follows from the catalog's records of subvolumes
- * and layers: one damaged could make it take live layers for dead. */
+ * and of the layers they stand on: one damaged could make it take live
+ * layers for dead. Deleting the subvolume mends it (its record goes; a
+ * layer only it stood on is dropped). */
 static int catalog_sound(Store *s) {
         CatalogDamage *damage = NULL;
         size_t n = 0;
         int r;
 
-        r = catalog_damaged_records(s, &damage, &n, NULL);
+        r = catalog_damaged_records(s, true, &damage, &n, NULL);
         if (r < 0)
                 return r;
         catalog_damage_array_free(damage, n);
         if (n == 0)
                 return 0;
         store_log("the catalog has %zu damaged records of subvolumes or layers: nothing is freed while it has. "
-                  "'cowbox-store scrub' names them", n);
+                  "'cowbox-store scrub' names them; deleting their subvolumes mends it", n);
         return -EUCLEAN;
 }
 

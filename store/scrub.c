@@ -694,7 +694,7 @@ static int scrub_catalog(Store *s, store_damage_cb cb, void *userdata, StoreScru
         size_t n = 0;
         int r;
 
-        r = catalog_damaged_records(s, &damage, &n, &checked);
+        r = catalog_damaged_records(s, false, &damage, &n, &checked);
         if (r < 0)
                 return r;
         stats->rows_checked += checked;
@@ -1514,17 +1514,17 @@ static int check_catalog_records(Fsck *f) {
         size_t n = 0;
         int r;
 
-        r = catalog_damaged_records(f->store, &damage, &n, NULL);
+        r = catalog_damaged_records(f->store, false, &damage, &n, NULL);
         if (r < 0)
                 return r;
         for (size_t i = 0; i < n; i++)
                 if (damage[i].layer)
                         problem(f, false, "catalog: the record of layer %" PRIu64 " fails its checksum: the "
-                                "subvolumes on it cannot be used, and the reaper frees nothing until it is mended",
+                                "subvolumes on it cannot be used, and the reaper frees nothing until they are deleted",
                                 damage[i].id);
                 else
                         problem(f, false, "catalog: the record of subvolume %" PRIu64 " ('%s') fails its checksum: "
-                                "it cannot be used, and the reaper frees nothing until it is mended",
+                                "it cannot be used, and the reaper frees nothing until it is deleted",
                                 damage[i].id, damage[i].name ?: "?");
         catalog_damage_array_free(damage, n);
         return 0;

@@ -12,6 +12,9 @@
 #include "store.h"
 
 int sqlite_errno(int rc) {
+        /* A trigger refused to change a damaged record. */
+        if (rc == SQLITE_CONSTRAINT_TRIGGER)
+                return -EUCLEAN;
         switch (rc & 0xff) {
         case SQLITE_OK:
         case SQLITE_ROW:

@@ -31,7 +31,9 @@
 #include "store.h"
 #include "string-util.h"
 
-#define STORE_FORMAT_VERSION 1
+/* 2: the catalog's records carry checks, which its triggers compute
+ * through a function that programs of format 1 lack. */
+#define STORE_FORMAT_VERSION 2
 #define STORE_SECRET_SIZE 192
 
 /* Files are cut into blocks of this size at aligned offsets. */
@@ -218,14 +220,20 @@ int catalog_layer_is_shared(Store *s, uint64_t layer);
 int catalog_list_subvolumes(Store *s, bool skip_damaged, SubvolumeRecord **ret, size_t *ret_n);
 
 /* The records of subvolumes and layers whose check fails, and how many
- * records there are in all. */
+ * records there are in all. live_only: of layers, only those that live
+ * subvolumes stand on (a dead one is dropped as it is). */
 typedef struct CatalogDamage {
         bool layer;             /* a layer's record, else a subvolume's */
         uint64_t id;
         char *name;             /* a subvolume's name as recorded, perhaps damaged */
 } CatalogDamage;
 
-int catalog_damaged_records(Store *s, CatalogDamage **ret, size_t *ret_n, uint64_t *ret_checked);
+int catalog_damaged_records(Store *s, bool live_only, CatalogDamage **ret, size_t *ret_n, uint64_t *ret_checked);
+/* The id of a subvolume of this name whose record is damaged, and the
+ * removal of that record: a delete of it. Deleted or not: that flag of a
+ * damaged record is not to be believed either. -ENOENT if there is none. */
+int catalog_damaged_subvolume_id(Store *s, const char *name, uint64_t *ret_id);
+int catalog_remove_damaged_subvolume(Store *s, uint64_t id);
 void catalog_damage_array_free(CatalogDamage *d, size_t n);
 int catalog_subvolume_names(Store *s, char ***ret);
 int catalog_block_totals(Store *s, uint64_t *ret_blocks, uint64_t *ret_bytes);
@@ -299,11 +307,13 @@ uint64_t layer_reclaimable_bytes(Store *s, uint64_t id);
  * reaper would free the blocks of the layers it lost. Triggers compute
  * them (catalog.c), so that none of the statements that change a column
  * can forget to. */
-#define SUBVOLUME_CHECK                                                                                  \
-        "cowbox_check('subvolume', id, name, uuid, parent_uuid, readonly, created_usec, top_layer, "   \
-        "quota_bytes, deleted, received_uuid, ctransid, stransid)"
-#define LAYER_CHECK_OF(table) \
-        "cowbox_check('layer', " table ".id, " table ".parent, " table ".created_usec, " table ".made)"
+#define SUBVOLUME_CHECK_OF(row)                                                                          \
+        "cowbox_check('subvolume', " row "id, " row "name, " row "uuid, " row "parent_uuid, " row "readonly, " \
+        row "created_usec, " row "top_layer, " row "quota_bytes, " row "deleted, " row "received_uuid, "       \
+        row "ctransid, " row "stransid)"
+#define SUBVOLUME_CHECK SUBVOLUME_CHECK_OF("")
+#define LAYER_CHECK_OF(row) \
+        "cowbox_check('layer', " row "id, " row "parent, " row "created_usec, " row "made)"
 
 /* Registers cowbox_check() on a connection: every connection that reads
  * or writes checked rows needs it. */

@@ -552,6 +552,28 @@ int store_subvolume_snapshot_as(Store *s, const char *source, const char *name, 
         }
 }
 
+/* A subvolume whose record is damaged cannot be used, and keeps the
+ * reaper from freeing anything: deleting it removes the record at once.
+ * The reaper then frees what only it held, as far as it can tell. */
+static int delete_damaged(Store *s, const char *name, pid_t *ret_holder) {
+        _cleanup_close_ int lock_fd = -EBADF;
+        uint64_t id;
+        int r;
+
+        r = catalog_damaged_subvolume_id(s, name, &id);
+        if (r < 0)
+                return r;
+        /* A server that mounted it before the damage still serves it. */
+        lock_fd = subvolume_lock_full(s, id, true, SUBVOLUME_LOCK_BRIEF, ret_holder);
+        if (lock_fd < 0)
+                return lock_fd;
+        r = catalog_remove_damaged_subvolume(s, id);
+        if (r < 0)
+                return r;
+        store_log("subvolume '%s' (%" PRIu64 "), whose record in the catalog was damaged, is deleted", name, id);
+        return 0;
+}
+
 int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
         _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
@@ -561,6 +583,10 @@ int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
         if (!store_name_is_valid(name))
                 return -EINVAL;
         r = catalog_find_subvolume(s, name, &rec);
+        if (r == -EUCLEAN || r == -ENOENT) {
+                int k = delete_damaged(s, name, ret_holder);
+                return k == -ENOENT ? r : k;
+        }
         if (r < 0)
                 return r;
         /* Deleting is how a full disk is cleaned up: a long-lived process

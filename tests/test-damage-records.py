@@ -365,8 +365,7 @@ def test_lost_layer():
         # (and before the catalog's records had checks): those whose
         # database is there were.
         catalog = sqlite3.connect(J(store.path, 'catalog.db'))
-        for trigger in ('subvolumes_checked_insert', 'subvolumes_checked_update', 'layers_checked_insert',
-                        'layers_checked_update'):
+        for (trigger,) in catalog.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
             catalog.execute(f'DROP TRIGGER {trigger}')
         catalog.execute('ALTER TABLE subvolumes DROP COLUMN row_check')
         catalog.execute('ALTER TABLE layers DROP COLUMN row_check')
@@ -460,26 +459,35 @@ def stored_files(store):
             for d in ('layers', 'packs') for n in os.listdir(J(store.path, d))}
 
 
+def change_behind_the_back(catalog, table, row_id, assignment, *params):
+    """Changes a record of the catalog as damage would: its check stays."""
+    (check,) = catalog.execute(f'SELECT row_check FROM {table} WHERE id = ?', (row_id,)).fetchone()
+    catalog.execute(f'UPDATE {table} SET {assignment} WHERE id = ?', (*params, row_id))
+    catalog.execute(f'UPDATE {table} SET row_check = ? WHERE id = ?', (check, row_id))
+    catalog.commit()
+
+
 def test_catalog_record_checks():
     """The catalog's records of subvolumes and layers carry checks. A record
     changed behind the store's back (a top layer that names another's, as a
     flipped bit would) is not used: its subvolume neither shows nor mounts,
-    the reaper frees nothing while the catalog has it, and scrub and fsck
-    name it. Mended, everything works again."""
+    a change of it leaves it damaged, the reaper frees nothing while a live
+    subvolume has one, and scrub and fsck name it. Deleting the subvolume
+    mends the store: the reaper then frees what only it held."""
     with t.Store('records-catalog-checks') as store:
-        content = {name: t.random_bytes(300 * 1024, i) for i, name in enumerate(('a', 'b', 'doomed'))}
+        content = {name: t.random_bytes(300 * 1024, i) for i, name in enumerate(('a', 'b', 'c', 'doomed'))}
         for name, data in content.items():
             store.create(name)
             with store.mount(name) as m:
                 t.write_file(m.p('who'), data, fsync=True)
         store.delete('doomed', reap=False)
-        reclaimable = store.usage()['reclaimable_bytes']
-        t.check(reclaimable > 0, 'bytes of the deleted subvolume waiting for the reaper')
-        top_a, top_b = store.show('a')['top_layer'], store.show('b')['top_layer']
+        top_b, top_c = store.show('b')['top_layer'], store.show('c')['top_layer']
 
-        damaged = t.open_catalog(store.path, check=lambda *values: 0)
-        damaged.execute("UPDATE subvolumes SET top_layer = ? WHERE name = 'a'", (top_b,))
-        damaged.commit()
+        catalog = t.open_catalog(store.path)
+        change_behind_the_back(catalog, 'subvolumes', store.show('a')['id'], 'top_layer = ?', top_b)
+        for args in (['subvolume', 'set-quota', 'a', '1G'], ['subvolume', 'snapshot', 'a', 'a-snap']):
+            r = store.run(*args, expect=None)
+            t.check(r.code != 0 and 'damaged' in r.err, f'{" ".join(args)} of a damaged record:\n{r.describe()}')
         for args in (['subvolume', 'show', 'a'], ['subvolume', 'list'], ['mount', 'a', store.new_dir('mnt-a')]):
             r = store.run(*args, expect=None)
             t.check(r.code != 0 and 'damaged' in r.err, f'{" ".join(args)} with a damaged record of a:\n{r.describe()}')
@@ -495,27 +503,35 @@ def test_catalog_record_checks():
         r = store.fsck(expect=1)
         t.check("('a') fails its checksum" in r.output, f'fsck with a damaged record of a:\n{r.output}')
 
-        # Mended: written again with its own top, through the store's check.
-        mended = t.open_catalog(store.path)
-        mended.execute("UPDATE subvolumes SET top_layer = ? WHERE name = 'a'", (top_a,))
-        mended.commit()
-        store.fsck()
-        with store.mount('a', readonly=True) as m:
-            t.check_bytes(t.read_file(m.p('who')), content['a'], "a's file once its record was mended")
+        store.run('subvolume', 'delete', 'a')
         store.reap()
-        t.check_equal(store.usage()['reclaimable_bytes'], 0, 'bytes waiting once the catalog was mended and reaped')
+        t.check_equal(store.names(), ['b', 'c'], 'subvolumes once a was deleted')
+        t.check_equal(store.usage()['reclaimable_bytes'], 0, 'bytes waiting once a was deleted and reaped')
+        store.fsck()
+        store.run('scrub')
 
-        # A layer's record: the subvolumes on it are not used.
-        damaged.execute('UPDATE layers SET created_usec = created_usec + 1 WHERE id = ?', (top_b,))
-        damaged.commit()
-        r = store.run('subvolume', 'show', 'b', expect=None)
-        t.check(r.code != 0 and 'damaged' in r.err, f'show of b over a damaged layer record:\n{r.describe()}')
+        # A layer's record: the subvolumes on it are not used until deleted.
+        # A snapshot of a subvolume whose top was never written stands on
+        # the layer below it, as its record says: not on a damaged one.
+        store.snapshot('b', 'e')
+        top_e = store.show('e')['top_layer']
+        change_behind_the_back(catalog, 'layers', top_e, 'parent = ?', top_c)
+        change_behind_the_back(catalog, 'layers', top_c, 'created_usec = created_usec + 1')
+        catalog.close()
+        r = store.run('subvolume', 'snapshot', '-r', 'e', 'e-snap', expect=None)
+        t.check(r.code != 0 and 'damaged' in r.err, f'snapshot of e over a damaged top record:\n{r.describe()}')
+        store.run('subvolume', 'delete', 'e')
+        r = store.run('subvolume', 'show', 'c', expect=None)
+        t.check(r.code != 0 and 'damaged' in r.err, f'show of c over a damaged layer record:\n{r.describe()}')
         r = store.run('scrub', expect=1)
-        t.check(f'catalog layer {top_b}' in r.out, f'scrub with a damaged record of layer {top_b}:\n{r.describe()}')
-        damaged.close()
-        mended.execute('UPDATE layers SET created_usec = created_usec - 1 WHERE id = ?', (top_b,))
-        mended.commit()
-        mended.close()
+        t.check(f'catalog layer {top_c}' in r.out, f'scrub with a damaged record of layer {top_c}:\n{r.describe()}')
+        r = store.run('reap', '--wait', expect=None)
+        t.check(r.code != 0, f'reap with a damaged record of a live layer:\n{r.describe()}')
+        store.run('subvolume', 'delete', 'c')
+        store.reap()
+        t.check_equal(store.names(), ['b'], 'subvolumes once c was deleted')
+        with store.mount('b', readonly=True) as m:
+            t.check_bytes(t.read_file(m.p('who')), content['b'], "b's file at the end")
         store.fsck()
         store.run('scrub')
 
