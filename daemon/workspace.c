@@ -755,11 +755,20 @@ int workspace_remove_unmounted(Workspaces *w, Store *s, const char *name) {
         r = store_subvolume_delete(s, incoming, NULL);
         if (r < 0 && r != -ENOENT)
                 return r;
-        if (list_checkpoints(ws, s, &checkpoints, &n) >= 0) {
-                for (size_t i = 0; i < n; i++)
-                        (void) store_subvolume_delete(s, checkpoints[i].name, NULL);
-                store_subvolume_info_array_free(checkpoints, n);
+        /* Its checkpoints go with it, or it stays listed: a removal asked
+         * for again deletes them. Left behind, nothing would ever delete
+         * them, and a later workspace of this name would take them over. */
+        r = list_checkpoints(ws, s, &checkpoints, &n);
+        if (r < 0)
+                return r;
+        for (size_t i = 0; i < n && r >= 0; i++) {
+                r = store_subvolume_delete(s, checkpoints[i].name, NULL);
+                if (r == -ENOENT)
+                        r = 0;
         }
+        store_subvolume_info_array_free(checkpoints, n);
+        if (r < 0)
+                return r;
         for (Workspace **p = &w->list; *p; p = &(*p)->next)
                 if (*p == ws) {
                         *p = ws->next;

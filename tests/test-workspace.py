@@ -541,7 +541,21 @@ def check_restore_left_behind(dev):
             daemon.start()
             t.check(not os.path.exists(os.path.join(path, 'state')),
                     'a new workspace serves the files of a removed one')
+
+            # A checkpoint that cannot be deleted (mounted elsewhere) keeps
+            # the workspace listed, so that its removal can be asked again:
+            # left behind, a later workspace of the name would take it over.
             d.cowbox(bus, 'workspace', 'rm', 'old')
+            d.cowbox(bus, 'workspace', 'create', 'old', '--image', 'src-main', '--owner', 'cowbox-test-dev')
+            d.cowbox(bus, 'workspace', 'checkpoint', 'old', 'kept', user=dev)
+            with store.mount('workspace-old@kept', readonly=True):
+                r = d.cowbox(bus, 'workspace', 'rm', 'old', expect=1)
+                t.check('in use' in r.err, f'rm of a workspace whose checkpoint is mounted elsewhere:\n{r.err}')
+                t.check_equal(json.loads(d.cowbox(bus, '--json', 'workspace', 'show', 'old').out)['name'], 'old',
+                              'the workspace whose removal failed')
+            d.cowbox(bus, 'workspace', 'rm', 'old')
+            t.check_equal([n for n in store.names() if n.startswith('workspace-')], [],
+                          'subvolumes of the workspace removed again')
         store.fsck()
 
 
