@@ -559,12 +559,19 @@ def check_restore_left_behind(dev):
         store.fsck()
 
 
-def held_server(store, subvolume):
-    """Stops the server of subvolume: after an unmount it then holds the
-    subvolume as one busy with a long last commit does. Returns a function
-    that lets it go on."""
+def held_server(store, subvolume, path):
+    """Stops the server of subvolume, mounted at path: after an unmount it
+    then holds the subvolume as one busy with a long last commit does.
+    What was written is committed first: a server stopped inside a commit
+    would hold the catalog, and every writer of the store would wait for
+    it. Returns a function that lets it go on."""
     server = store.show(subvolume)['mounted_by']
     t.check(server > 0, f'the server of {subvolume}')
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     os.kill(server, signal.SIGSTOP)
     return lambda: os.kill(server, signal.SIGCONT)
 
@@ -599,7 +606,7 @@ def check_unmount_waits_aside(dev):
             # Written without fsync, as an editor or a compiler does.
             as_user(bus, dev, USER_PYTHON, '-c', BUFFERED, path + '/big.o', '8')
 
-            resume = held_server(store, 'workspace-slow')
+            resume = held_server(store, 'workspace-slow', path)
             call = call_in_background(bus, 'RestoreWorkspace', 'slow', 'good')
             try:
                 d.wait_for('the restore to unmount the workspace', lambda: not t.is_mounted(path))
@@ -627,7 +634,7 @@ def check_unmount_waits_aside(dev):
             # A server that does not let go within the limit: the removal
             # answers Busy and says why, and the workspace is served again
             # once the server goes on.
-            resume = held_server(store, 'workspace-slow')
+            resume = held_server(store, 'workspace-slow', path)
             call = call_in_background(bus, 'RemoveWorkspace', 'slow')
             try:
                 out, err = call.communicate(timeout=60)
@@ -639,7 +646,7 @@ def check_unmount_waits_aside(dev):
                 d.cowbox(bus, '--json', 'workspace', 'show', 'slow').out)['state'] == 'mounted')
 
             as_user(bus, dev, USER_PYTHON, '-c', BUFFERED, path + '/big.o', '8')
-            resume = held_server(store, 'workspace-slow')
+            resume = held_server(store, 'workspace-slow', path)
             call = call_in_background(bus, 'RemoveWorkspace', 'slow')
             try:
                 d.wait_for('the removal to unmount the workspace', lambda: not t.is_mounted(path))
@@ -664,7 +671,7 @@ def check_unmount_waits_aside(dev):
             # server before it exits, and answers the removal.
             path = json.loads(d.cowbox(bus, '--json', 'workspace', 'create', 'late', '--image', 'src-main',
                                        '--owner', 'cowbox-test-dev').out)['path']
-            resume = held_server(store, 'workspace-late')
+            resume = held_server(store, 'workspace-late', path)
             call = call_in_background(bus, 'RemoveWorkspace', 'late')
             try:
                 d.wait_for('the removal to unmount the workspace', lambda: not t.is_mounted(path))
@@ -729,7 +736,7 @@ def check_mount_waits_aside(dev):
             for stop in (False, True):
                 # The restored state's lock is taken while the restore
                 # waits for the old server: then its new server waits.
-                resume = held_server(store, 'workspace-slow')
+                resume = held_server(store, 'workspace-slow', path)
                 if stop:
                     call = call_in_background(bus, 'RestoreWorkspace', 'slow', 'good')
                 else:
