@@ -1508,7 +1508,7 @@ static int check_writable_tops(Fsck *f) {
         return r;
 }
 
-/* The catalog, every live layer, then every subvolume's tree. */
+/* The records of the catalog that fail their checks, each a problem. */
 static int check_catalog_records(Fsck *f) {
         CatalogDamage *damage = NULL;
         size_t n = 0;
@@ -1530,6 +1530,7 @@ static int check_catalog_records(Fsck *f) {
         return 0;
 }
 
+/* The catalog, every live layer, then every subvolume's tree. */
 static int fsck_all(Fsck *f, const SubvolumeRecord *recs, size_t n) {
         _cleanup_free_ uint64_t *layers = NULL, *layer_bytes = NULL, *walk_bytes = NULL;
         size_t n_layers = 0;
