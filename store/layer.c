@@ -384,22 +384,41 @@ static int layer_check_readable(sqlite3 *db) {
         return tables == 1 ? 0 : -EUCLEAN;
 }
 
+/* Never made: an empty layer. Made and gone: lost, and nothing may take it
+ * for empty (the reaper would free the blocks it names). Removed by the
+ * reaper, its record first: gone, as if never made. */
+static int layer_absent(Store *s, uint64_t id) {
+        int r;
+
+        r = catalog_layer_was_made(s, id);
+        if (r < 0)
+                return r;
+        return r > 0 ? -EUCLEAN : -ENOENT;
+}
+
+static int layer_open_file(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret);
+
 int layer_open(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret) {
-        _cleanup_free_ char *path = NULL, *uri = NULL;
         int r;
 
         r = layer_exists(s, id);
         if (r < 0)
                 return r;
-        if (r == 0) {
-                /* Never made: an empty layer. Made and gone: lost, and
-                 * nothing may take it for empty (the reaper would free
-                 * the blocks it names). */
-                r = catalog_layer_was_made(s, id);
-                if (r < 0)
-                        return r;
-                return r > 0 ? -EUCLEAN : -ENOENT;
-        }
+        if (r == 0)
+                return layer_absent(s, id);
+        r = layer_open_file(s, id, mode, ret);
+        /* Removed between the look and the first read, which opens the
+         * journal next to the database by its name (SQLite then reports
+         * a failed stat as an I/O error): gone, as if not found. */
+        if (r < 0 && r != -EUCLEAN && layer_exists(s, id) == 0)
+                return layer_absent(s, id);
+        return r;
+}
+
+static int layer_open_file(Store *s, uint64_t id, LayerOpenMode mode, sqlite3 **ret) {
+        _cleanup_free_ char *path = NULL, *uri = NULL;
+        int r;
+
         r = layer_path(s, id, &path);
         if (r < 0)
                 return r;

@@ -797,12 +797,13 @@ static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_
                 LayerCounters lc = {};
 
                 r = layer_open(s, ids[i], mode, &db);
-                /* A top layer not made yet; or one lost, which fsck and
-                 * scrub name: the listing of the others goes on. */
+                /* A top layer not made yet; one the reaper removed since
+                 * the stack was read; or one lost, which fsck and scrub
+                 * name: the listing of the others goes on. */
                 if (r == -EUCLEAN)
                         lost = true;
                 if (r == -ENOENT || r == -EUCLEAN) {
-                        missing = missing || i > 0 || r == -EUCLEAN;     /* a top is made lazily */
+                        missing = true;
                         continue;
                 }
                 if (r < 0)
