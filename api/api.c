@@ -127,7 +127,7 @@ static json_t *json_u64(uint64_t v) {
 json_t *api_subvolume_to_json(const StoreSubvolumeInfo *info) {
         /* Names may hold any byte but '/' and control characters: one
          * that is not UTF-8 must not fail the whole listing. */
-        return json_pack("{s:o, s:s, s:s, s:s, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:i}",
+        return json_pack("{s:o, s:s, s:s, s:s, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:i, s:b}",
                          "name", api_json_string_lossy(info->name),
                          "uuid", info->uuid,
                          "parent_uuid", info->parent_uuid,
@@ -142,11 +142,12 @@ json_t *api_subvolume_to_json(const StoreSubvolumeInfo *info) {
                          "mounted_by", (int) info->mounted_by,
                          "ctransid", json_u64(info->ctransid),
                          "stransid", json_u64(info->stransid),
-                         "layers", (int) info->depth);
+                         "layers", (int) info->depth,
+                         "damaged", info->damaged);
 }
 
 json_t *api_usage_to_json(const StoreUsage *u) {
-        return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
+        return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}",
                          "logical_bytes", json_u64(u->logical_bytes),
                          "stored_bytes", json_u64(u->stored_bytes),
                          "data_bytes", json_u64(u->data_bytes),
@@ -155,6 +156,7 @@ json_t *api_usage_to_json(const StoreUsage *u) {
                          "pack_file_bytes", json_u64(u->pack_file_bytes),
                          "reclaimable_bytes", json_u64(u->space.reclaimable_bytes),
                          "subvolumes", json_u64(u->subvolumes),
+                         "damaged_subvolumes", json_u64(u->damaged_subvolumes),
                          "deleted_subvolumes", json_u64(u->deleted_subvolumes),
                          "layers", json_u64(u->layers),
                          "corruption_events", json_u64(u->corruption_events),

@@ -76,7 +76,10 @@ char *api_utf8_lossy(const char *s);
  *   {"name": "base", "uuid": "…", "parent_uuid": "", "received_uuid": "…",
  *    "readonly": true, "created_usec": …, "logical_bytes": …,
  *    "referenced_bytes": …, "exclusive_bytes": …, "inodes": …,
- *    "quota_bytes": 0, "mounted_by": 0, "ctransid": 3, "stransid": 7} */
+ *    "quota_bytes": 0, "mounted_by": 0, "ctransid": 3, "stransid": 7,
+ *    "layers": 1, "damaged": false}
+ * A damaged one (only in listings, see StoreSubvolumeInfo) has its name
+ * and what its record could tell, the rest 0 or "". */
 json_t *api_subvolume_to_json(const StoreSubvolumeInfo *info);
 
 /* JSON of the store's state, as GetStatus returns it. */

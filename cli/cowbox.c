@@ -363,11 +363,17 @@ static void print_subvolume_table(json_t *list) {
         json_t *v;
 
         printf("%-24s %-9s %10s %10s %10s\n", "NAME", "READ-ONLY", "LOGICAL", "STORED", "EXCLUSIVE");
-        json_array_foreach(list, i, v)
+        json_array_foreach(list, i, v) {
+                if (json_is_true(json_object_get(v, "damaged"))) {
+                        printf("%-24s %-9s %s\n", str(v, "name"), "-",
+                               "damaged record: 'cowbox rm' of it mends the store");
+                        continue;
+                }
                 printf("%-24s %-9s %10s %10s %10s\n", str(v, "name"),
                        json_is_true(json_object_get(v, "readonly")) ? "yes" : "no",
                        human_bytes(num(v, "logical_bytes"), a), human_bytes(num(v, "referenced_bytes"), b),
                        human_bytes(num(v, "exclusive_bytes"), c));
+        }
 }
 
 static void print_subvolume(json_t *v) {
@@ -391,6 +397,9 @@ static void print_status(json_t *v) {
 
         printf("Store:              %s\n", str(v, "store"));
         printf("Subvolumes:         %" PRIu64 "\n", num(u, "subvolumes"));
+        if (num(u, "damaged_subvolumes") > 0)
+                printf("  Damaged:          %" PRIu64 " ('cowbox-store scrub' names them)\n",
+                       num(u, "damaged_subvolumes"));
         printf("Logical:            %s\n", human_bytes(num(u, "logical_bytes"), a));
         printf("Stored:             %s\n", human_bytes(num(u, "stored_bytes"), a));
         printf("Free on disk:       %s of %s\n", human_bytes(num(u, "fs_free_bytes"), a),

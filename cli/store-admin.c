@@ -107,6 +107,7 @@ static const Field usage_total_fields[] = {
         FIELD("Reclaimable", "reclaimable_bytes", FIELD_BYTES, UsageTotals, usage.space.reclaimable_bytes),
         FIELD("Data blocks", "blocks", FIELD_U64, UsageTotals, usage.blocks),
         FIELD("Subvolumes", "subvolumes", FIELD_U64, UsageTotals, usage.subvolumes),
+        FIELD("  Damaged", "damaged_subvolumes", FIELD_U64, UsageTotals, usage.damaged_subvolumes),
         FIELD("Deleted subvolumes", "deleted_subvolumes", FIELD_U64, UsageTotals, usage.deleted_subvolumes),
         FIELD("Layers", "layers", FIELD_U64, UsageTotals, usage.layers),
         FIELD("Corruption events", "corruption_events", FIELD_U64, UsageTotals, usage.corruption_events),
@@ -117,13 +118,13 @@ static const Field usage_total_fields[] = {
 };
 
 /* One row per subvolume; the rows borrow the names from list. */
-static UsageRow *usage_rows_new(const SubvolumeList *list, UsageTotals *totals) {
-        UsageRow *rows = calloc(MAX(list->n, (size_t) 1), sizeof(UsageRow));
+static UsageRow *usage_rows_new(const StoreSubvolumeInfo *infos, size_t n, UsageTotals *totals) {
+        UsageRow *rows = calloc(MAX(n, (size_t) 1), sizeof(UsageRow));
 
         if (!rows)
                 return NULL;
-        for (size_t i = 0; i < list->n; i++) {
-                const StoreSubvolumeInfo *info = &list->items[i];
+        for (size_t i = 0; i < n; i++) {
+                const StoreSubvolumeInfo *info = &infos[i];
 
                 rows[i] = (UsageRow) {
                         .name = info->name,
@@ -165,6 +166,7 @@ static int verb_usage(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         _cleanup_store_ Store *store = NULL;
         _cleanup_free_ UsageRow *rows = NULL;
         UsageTotals totals = {};
+        size_t sound;
         int c, r;
 
         c = command_getopt(tool, cmd, argc, argv);
@@ -185,11 +187,16 @@ static int verb_usage(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (r < 0)
                 return report_failure("cannot measure the space of %s: %s", store_path(store), error_text(r));
 
-        rows = usage_rows_new(&list, &totals);
+        /* The space of a damaged one is not known: it has no row. */
+        sound = subvolume_list_damaged_last(&list);
+        rows = usage_rows_new(list.items, sound, &totals);
         if (!rows)
                 return report_failure("out of memory");
 
-        return print_usage(tool, store_path(store), rows, list.n, &totals);
+        r = print_usage(tool, store_path(store), rows, sound, &totals);
+        if (report_damaged_subvolumes(list.items + sound, list.n - sound) != EXIT_SUCCESS)
+                return EXIT_FAILURE;
+        return r;
 }
 
 /* ---- mount ---- */
@@ -740,7 +747,9 @@ const Command command_usage = {
                 "metadata), the sum of the exclusive bytes, the ratio, the size of the pack\n"
                 "files, what the next reap frees (reclaimable), the checksum mismatches seen so\n"
                 "far, and the space of the host file system. With --json, sizes are in bytes and\n"
-                "a ratio with nothing stored is null.\n",
+                "a ratio with nothing stored is null. A subvolume with a damaged record (see\n"
+                "'subvolume list') has no row, is counted among the damaged, and is named on\n"
+                "standard error; the exit status is then 1.\n",
         .examples = (const char *const[]) {
                 PROGRAM_NAME " usage",
                 PROGRAM_NAME " usage --raw",

@@ -239,6 +239,7 @@ static int verb_delete(Tool *tool, const Command *cmd, int argc, char *argv[]) {
 static int verb_list(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         _cleanup_(subvolume_list_done) SubvolumeList list = {};
         _cleanup_store_ Store *store = NULL;
+        size_t sound;
         int r;
 
         r = parse_names(tool, cmd, argc, argv, 0);
@@ -252,22 +253,28 @@ static int verb_list(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         r = store_subvolume_list(store, &list.items, &list.n);
         if (r < 0)
                 return report_failure("cannot list the subvolumes of %s: %s", store_path(store), error_text(r));
+        sound = subvolume_list_damaged_last(&list);
 
         if (tool->json) {
                 _cleanup_json_ json_t *doc = json_object();
                 if (!json_add(doc, "subvolumes", records_to_json(subvolume_fields, list.items,
-                                                                 sizeof(StoreSubvolumeInfo), list.n)))
+                                                                 sizeof(StoreSubvolumeInfo), sound)) ||
+                    !json_add(doc, "damaged", records_to_json(damaged_subvolume_fields, list.items + sound,
+                                                              sizeof(StoreSubvolumeInfo), list.n - sound)))
                         return json_print(NULL);
-                return json_print(doc);
-        }
-
-        if (list.n == 0) {
+                r = json_print(doc);
+        } else if (list.n == 0) {
                 printf("No subvolumes in %s (create one with '" PROGRAM_NAME " subvolume create NAME').\n",
                        store_path(store));
-                return EXIT_SUCCESS;
+                r = EXIT_SUCCESS;
+        } else {
+                if (sound > 0)
+                        records_print(tool, subvolume_fields, list.items, sizeof(StoreSubvolumeInfo), sound);
+                r = EXIT_SUCCESS;
         }
-        records_print(tool, subvolume_fields, list.items, sizeof(StoreSubvolumeInfo), list.n);
-        return EXIT_SUCCESS;
+        if (report_damaged_subvolumes(list.items + sound, list.n - sound) != EXIT_SUCCESS)
+                return EXIT_FAILURE;
+        return r;
 }
 
 static int verb_show(Tool *tool, const Command *cmd, int argc, char *argv[]) {
@@ -415,7 +422,12 @@ static const Command subvolume_list = {
                 "process that has it mounted writable, if any. Logical is what its files hold;\n"
                 "referenced is what its layers store on disk after compression and deduplication;\n"
                 "exclusive is what deleting it would free. With --json, every field of\n"
-                "'subvolume show' is given for each subvolume, sizes in bytes.\n",
+                "'subvolume show' is given for each subvolume, sizes in bytes.\n"
+                "\n"
+                "A subvolume whose record in the catalog, or that of a layer it stands on, is\n"
+                "damaged is left out of the table and named on standard error (in the JSON, in\n"
+                "\"damaged\", with its id), and the exit status is 1: 'scrub' tells more, and\n"
+                "deleting the subvolume mends the store.\n",
         .examples = (const char *const[]) {
                 PROGRAM_NAME " subvolume list",
                 PROGRAM_NAME " --json subvolume list",

@@ -52,6 +52,34 @@ int report_failure(const char *format, ...) {
         return EXIT_FAILURE;
 }
 
+size_t subvolume_list_damaged_last(SubvolumeList *l) {
+        size_t sound = 0;
+
+        for (size_t i = 0; i < l->n; i++) {
+                StoreSubvolumeInfo info = l->items[i];
+
+                if (info.damaged)
+                        continue;
+                memmove(&l->items[sound + 1], &l->items[sound], (i - sound) * sizeof info);
+                l->items[sound++] = info;
+        }
+        return sound;
+}
+
+int report_damaged_subvolumes(const StoreSubvolumeInfo *damaged, size_t n) {
+        for (size_t i = 0; i < n; i++)
+                report_failure("subvolume '%s' (ID %" PRIu64 ") is left out: the catalog's record of it, or "
+                               "of a layer it stands on, is damaged. '" PROGRAM_NAME " scrub' names the "
+                               "damage; deleting the subvolume mends the store", damaged[i].name, damaged[i].id);
+        return n > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+const Field damaged_subvolume_fields[] = {
+        FIELD("ID", "id", FIELD_U64, StoreSubvolumeInfo, id),
+        FIELD("Name", "name", FIELD_STRING, StoreSubvolumeInfo, name),
+        {}
+};
+
 int report_usage_error(const Command *cmd, const char *format, ...) {
         va_list ap;
 

@@ -40,6 +40,14 @@ static inline void subvolume_list_done(SubvolumeList *l) {
         store_subvolume_info_array_free(l->items, l->n);
 }
 
+/* Moves the damaged subvolumes of a listing behind the others, each group
+ * in its order, and returns how many are sound. */
+size_t subvolume_list_damaged_last(SubvolumeList *l);
+
+/* Names each of the damaged subvolumes on standard error, and what to do;
+ * EXIT_FAILURE if there is one, EXIT_SUCCESS otherwise. */
+int report_damaged_subvolumes(const StoreSubvolumeInfo *damaged, size_t n);
+
 /* What the global options chose, and the output options of the command. */
 typedef struct Tool {
         const char *store_path;
@@ -238,6 +246,9 @@ typedef struct Field {
 
 json_t *record_to_json(const Field *fields, const void *record);
 json_t *records_to_json(const Field *fields, const void *records, size_t record_size, size_t n);
+
+/* id and name: what a damaged subvolume's listing can say of it. */
+extern const Field damaged_subvolume_fields[];
 
 /* Text: a record as aligned "Label: value" lines, records as a table with a header. */
 void record_print(const Tool *tool, const Field *fields, const void *record, unsigned indent);

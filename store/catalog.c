@@ -342,11 +342,10 @@ void subvolume_record_clear(SubvolumeRecord *r) {
         r->name = NULL;
 }
 
-/* A damaged row is not used: its top layer could be another's. */
+/* A damaged row is not used: its top layer could be another's. Listings
+ * name it themselves. */
 static int subvolume_record_from_row(sqlite3_stmt *st, SubvolumeRecord *ret) {
         if (!sqlite3_column_int(st, 11)) {
-                store_log("the catalog's record of subvolume %" PRIi64 " is damaged: it is not used. "
-                          "'cowbox-store scrub' names it", (int64_t) sqlite3_column_int64(st, 0));
                 *ret = (SubvolumeRecord) {};
                 return -EUCLEAN;
         }
@@ -389,7 +388,11 @@ static int find_subvolume(Store *s, const char *sql, const char *name, uint64_t 
                 return r;
         if (r == 0)
                 return -ENOENT;
-        return subvolume_record_from_row(st, ret);
+        r = subvolume_record_from_row(st, ret);
+        if (r == -EUCLEAN)
+                store_log("the catalog's record of subvolume %" PRIi64 " is damaged: it is not used. "
+                          "'cowbox-store scrub' names it", (int64_t) sqlite3_column_int64(st, 0));
+        return r;
 }
 
 int catalog_find_subvolume(Store *s, const char *name, SubvolumeRecord *ret) {
@@ -439,6 +442,19 @@ int catalog_subvolume_names(Store *s, char ***ret) {
         return 0;
 }
 
+/* A damaged record in a listing: its id, and its name as it stands, so that
+ * it can be named and deleted. */
+static int damaged_subvolume_record_from_row(sqlite3_stmt *st, SubvolumeRecord *ret) {
+        const char *name = (const char *) sqlite3_column_text(st, 1);
+
+        *ret = (SubvolumeRecord) {
+                .id = (uint64_t) sqlite3_column_int64(st, 0),
+                .damaged = true,
+        };
+        ret->name = strdup(name ?: "");
+        return ret->name ? 0 : -ENOMEM;
+}
+
 int catalog_list_subvolumes(Store *s, bool skip_damaged, SubvolumeRecord **ret, size_t *ret_n) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         SubvolumeRecord *recs = NULL;
@@ -457,6 +473,8 @@ int catalog_list_subvolumes(Store *s, bool skip_damaged, SubvolumeRecord **ret, 
                 r = subvolume_record_from_row(st, &recs[n]);
                 if (r == -EUCLEAN && skip_damaged)
                         continue;
+                if (r == -EUCLEAN)
+                        r = damaged_subvolume_record_from_row(st, &recs[n]);
                 if (r < 0)
                         break;
                 n++;

@@ -123,6 +123,7 @@ typedef struct SubvolumeRecord {
         char received_uuid[37];
         uint64_t ctransid;
         uint64_t stransid;
+        bool damaged;           /* fails its check: only id and name are set */
 } SubvolumeRecord;
 
 void subvolume_record_clear(SubvolumeRecord *r);
@@ -214,9 +215,9 @@ int catalog_all_layer_users(Store *s, LayerUsers **ret, size_t *ret_n);
 /* Whether more than one live subvolume's stack includes the layer: for
  * one stack, without walking every other. */
 int catalog_layer_is_shared(Store *s, uint64_t layer);
-/* The live subvolumes by name. A damaged record fails the list with
- * -EUCLEAN, or is left out if skip_damaged (scrub and fsck, which name it
- * through catalog_damaged_records()). */
+/* The live subvolumes by name. A damaged record is listed with its id and
+ * name alone and damaged set, or is left out if skip_damaged (scrub and
+ * fsck, which name it through catalog_damaged_records()). */
 int catalog_list_subvolumes(Store *s, bool skip_damaged, SubvolumeRecord **ret, size_t *ret_n);
 
 /* The records of subvolumes and layers whose check fails, and how many

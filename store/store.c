@@ -757,16 +757,14 @@ static int layer_users_compare(const void *a, const void *b) {
         return x < y ? -1 : x > y;
 }
 
-/* Whether the subvolume's stack is still ids: 1 if so, or if it cannot be
- * told (a deleted subvolume, shown by UUID), 0 if it changed. */
+/* Whether the subvolume's stack is still ids: 1 if so, 0 if it changed,
+ * -ENOENT if the reaper forgot the subvolume meanwhile. */
 static int stack_is_current(Store *s, uint64_t id, const uint64_t *ids, size_t n) {
         _cleanup_free_ uint64_t *now_ids = NULL;
         size_t now_n = 0;
         int r;
 
         r = catalog_subvolume_stack(s, id, &now_ids, &now_n);
-        if (r == -ENOENT)
-                return 1;
         if (r == -EUCLEAN)
                 return 0;
         if (r < 0)
@@ -778,17 +776,23 @@ static int stack_is_current(Store *s, uint64_t id, const uint64_t *ids, size_t n
  * once: all but a writable subvolume's top are frozen and read as they
  * are, without the journal files and locks of a connection that could
  * write. Whether a layer is shared comes from all_users, or for a single
- * subvolume (all_users NULL) from the catalog, layer by layer. */
+ * subvolume (all_users NULL) from the catalog, layer by layer. -ESTALE if
+ * layers of the stack went while it was read, -ENOENT if the subvolume
+ * itself went (forgotten by the reaper), -EUCLEAN if its records are
+ * damaged. */
 static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_users, StoreSubvolumeInfo *info) {
         _cleanup_free_ uint64_t *ids = NULL;
         bool counted = false, lost = false, shared = false, missing = false;
         size_t n = 0;
         int r;
 
-        r = catalog_layer_stack(s, info->top_layer, &ids, &n);
+        /* Read from the record anew: a fold may have changed it since. */
+        r = catalog_subvolume_stack(s, info->id, &ids, &n);
         if (r < 0)
                 return r;
+        info->top_layer = ids[0];
         info->depth = (unsigned) n;
+        info->logical_bytes = info->inodes = info->referenced_bytes = info->exclusive_bytes = 0;
 
         for (size_t i = 0; i < n; i++) {
                 LayerOpenMode mode = i == 0 && !info->readonly ? LAYER_READ : LAYER_READ_FROZEN;
@@ -839,17 +843,14 @@ static int subvolume_fill_space(Store *s, const LayerUsers *all_users, size_t n_
         if (missing) {
                 r = stack_is_current(s, info->id, ids, n);
                 if (r <= 0)
-                        return r < 0 ? r : -EUCLEAN;
+                        return r < 0 ? r : -ESTALE;
         }
         /* Every stack has a bottom layer with a root, unless it is lost. */
         return counted || lost ? 0 : -EUCLEAN;
 }
 
-static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const LayerUsers *all_users, size_t n_users,
-                                      StoreSubvolumeInfo *ret) {
-        pid_t holder = 0;
-        int r;
-
+/* What the record says: all but the space. Takes its name. */
+static void info_from_record(SubvolumeRecord *rec, StoreSubvolumeInfo *ret) {
         *ret = (StoreSubvolumeInfo) {
                 .id = rec->id,
                 .name = TAKE_PTR(rec->name),
@@ -857,36 +858,37 @@ static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const Laye
                 .created_usec = rec->created_usec,
                 .top_layer = rec->top_layer,
                 .quota_bytes = rec->quota_bytes,
+                .ctransid = rec->ctransid,
+                .stransid = rec->stransid,
         };
         memcpy(ret->uuid, rec->uuid, sizeof ret->uuid);
         memcpy(ret->parent_uuid, rec->parent_uuid, sizeof ret->parent_uuid);
         memcpy(ret->received_uuid, rec->received_uuid, sizeof ret->received_uuid);
-        ret->ctransid = rec->ctransid;
-        ret->stransid = rec->stransid;
+}
 
+/* On failure the record keeps its name. */
+static int subvolume_info_from_record(Store *s, SubvolumeRecord *rec, const LayerUsers *all_users, size_t n_users,
+                                      StoreSubvolumeInfo *ret) {
+        pid_t holder = 0;
+        int r;
+
+        info_from_record(rec, ret);
         if (subvolume_lock_holder(s, rec->id, &holder) > 0)
                 ret->mounted_by = holder;
 
+        /* Layers of the stack gone since it was read: the reaper folded
+         * them into new ones. Read it again; one that changes at every
+         * reading is taken for broken. The subvolume forgotten since the
+         * catalog was read (deleted meanwhile): -ENOENT. */
         for (unsigned attempt = 1;; attempt++) {
-                _cleanup_(subvolume_record_clear) SubvolumeRecord now = {};
-                int k;
-
                 r = subvolume_fill_space(s, all_users, n_users, ret);
-                if (r != -EUCLEAN || attempt >= STALE_ATTEMPTS)
+                if (r != -ESTALE || attempt >= STALE_ATTEMPTS)
                         break;
-                /* No layer of the stack left: since the catalog was read,
-                 * the reaper may have folded layers of it into new ones, or
-                 * forgotten the subvolume, deleted meanwhile. A stack that
-                 * is broken for good stays so every time. */
-                k = catalog_find_subvolume_by_id(s, ret->id, &now);
-                if (k == -ENOENT)
-                        r = -ENOENT;
-                if (k < 0)
-                        break;
-                ret->top_layer = now.top_layer;
-                ret->referenced_bytes = ret->exclusive_bytes = 0;
         }
+        if (r == -ESTALE)
+                r = -EUCLEAN;
         if (r < 0) {
+                rec->name = TAKE_PTR(ret->name);
                 store_subvolume_info_clear(ret);
                 return r;
         }
@@ -935,9 +937,24 @@ int store_subvolume_list(Store *s, StoreSubvolumeInfo **ret, size_t *ret_n) {
                 goto finish;
         }
         for (size_t i = 0; i < n; i++) {
+                if (recs[i].damaged) {
+                        infos[listed++] = (StoreSubvolumeInfo) {
+                                .id = recs[i].id,
+                                .name = TAKE_PTR(recs[i].name),
+                                .damaged = true,
+                        };
+                        continue;
+                }
                 r = subvolume_info_from_record(s, &recs[i], users, n_users, &infos[listed]);
                 if (r == -ENOENT)
                         continue;       /* deleted since the catalog was read */
+                if (r == -EUCLEAN) {
+                        /* A sound record over a damaged stack: all but its
+                         * space is known. */
+                        info_from_record(&recs[i], &infos[listed]);
+                        infos[listed].damaged = true;
+                        r = 0;
+                }
                 if (r < 0) {
                         store_subvolume_info_array_free(infos, listed);
                         infos = NULL;
@@ -1016,8 +1033,10 @@ int store_usage(Store *s, StoreUsage *ret) {
         if (r < 0)
                 return r;
         ret->subvolumes = n;
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
                 ret->logical_bytes += infos[i].logical_bytes;
+                ret->damaged_subvolumes += infos[i].damaged;
+        }
         store_subvolume_info_array_free(infos, n);
 
         r = catalog_block_totals(s, &ret->blocks, &ret->data_bytes);

@@ -82,6 +82,13 @@ typedef struct StoreSubvolumeInfo {
         char received_uuid[37];
         uint64_t ctransid;
         uint64_t stransid;
+
+        /* Only in listings: the catalog's record of the subvolume, or of a
+         * layer of its stack, fails its check. Its space is not known, and
+         * where its own record is damaged, only its id and name (as the
+         * record has it) are; it cannot be shown, mounted or snapshotted.
+         * Deleting it mends the store; 'scrub' names the damage. */
+        bool damaged;
 } StoreSubvolumeInfo;
 
 void store_subvolume_info_clear(StoreSubvolumeInfo *info);
@@ -122,7 +129,8 @@ int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder);
 int store_subvolume_set_quota(Store *s, const char *name, uint64_t bytes);
 
 /* Everything known about each live subvolume, its space included: reads
- * the layers of every one. */
+ * the layers of every one. A subvolume whose record, or a record of whose
+ * stack, is damaged is listed all the same, marked damaged. */
 int store_subvolume_list(Store *s, StoreSubvolumeInfo **ret, size_t *ret_n);
 int store_subvolume_show(Store *s, const char *name, StoreSubvolumeInfo *ret);
 /* Only the names of the live subvolumes, sorted: a NULL-terminated array. */
@@ -166,6 +174,7 @@ typedef struct StoreUsage {
         uint64_t blocks;            /* live data blocks */
         uint64_t pack_file_bytes;   /* bytes the pack files occupy on disk */
         uint64_t subvolumes;
+        uint64_t damaged_subvolumes; /* of which damaged (StoreSubvolumeInfo) */
         uint64_t deleted_subvolumes;
         uint64_t layers;
         uint64_t corruption_events; /* checksum mismatches seen by reads and scrubs */

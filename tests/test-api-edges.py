@@ -7,7 +7,8 @@ caller and of one unprivileged user, a workspace beside a task, the
 signals of every job, a task whose caller left at once, a name that is
 not UTF-8, the object manager's signals, jobs whose error or result
 quotes such a name, a kill that comes after the run ended, a sandbox
-whose run died with the daemon, and the cowbox client's usage errors."""
+whose run died with the daemon, the cowbox client's usage errors, and a
+subvolume whose record in the catalog is damaged."""
 
 import glob
 import json
@@ -657,6 +658,42 @@ def check_sandbox_run_killed_with_daemon(bus, daemon):
     d.cowbox(bus, 'sandbox', 'rm', 'crashed')
 
 
+def check_damaged_subvolume_record(bus, store):
+    """A subvolume whose record in the catalog is damaged (a value changed,
+    its check left as it was, as a flipped bit would) does not hide the
+    others: ListSubvolumes lists them as they are and it marked damaged,
+    GetStatus counts it, GetSubvolume of it fails with StoreFailed, `cowbox
+    list` names it, and DeleteSubvolume of it mends the store."""
+    d.gdbus_call(bus, 'Snapshot', 'base', 'flipped', '{}')
+    catalog = t.open_catalog(store.path)
+    try:
+        (check,) = catalog.execute("SELECT row_check FROM subvolumes WHERE name = 'flipped' AND deleted = 0").fetchone()
+        catalog.execute("UPDATE subvolumes SET readonly = 1 - readonly WHERE name = 'flipped' AND deleted = 0")
+        catalog.execute("UPDATE subvolumes SET row_check = ? WHERE name = 'flipped' AND deleted = 0", (check,))
+        catalog.commit()
+    finally:
+        catalog.close()
+
+    listed = {s['name']: s for s in d.gdbus_json(bus, 'ListSubvolumes')}
+    t.check('flipped' in listed and listed['flipped']['damaged'] is True,
+            f'the damaged subvolume in ListSubvolumes: {listed.get("flipped")}')
+    t.check(listed['base']['damaged'] is False and listed['base']['inodes'] > 0,
+            f'an undamaged subvolume beside it: {listed["base"]}')
+    t.check_equal(d.gdbus_json(bus, 'GetStatus')['usage']['damaged_subvolumes'], 1, 'damaged subvolumes in GetStatus')
+    r = d.gdbus_call(bus, 'GetSubvolume', 'flipped', expect='fail')
+    t.check_equal(d.error_name(r), 'org.cowbox1.Error.StoreFailed', f'GetSubvolume of a damaged record: {r.err}')
+    r = d.cowbox(bus, 'list')
+    t.check(re.search(r'^flipped +- +damaged record', r.out, re.M) and re.search(r'^base ', r.out, re.M),
+            f'cowbox list with a damaged record:\n{r.out}')
+
+    d.gdbus_call(bus, 'DeleteSubvolume', 'flipped')
+    listed = d.gdbus_json(bus, 'ListSubvolumes')
+    t.check('flipped' not in [s['name'] for s in listed] and not any(s['damaged'] for s in listed),
+            f'ListSubvolumes once the damaged subvolume was deleted: {listed}')
+    t.check_equal(d.gdbus_json(bus, 'GetStatus')['usage']['damaged_subvolumes'], 0,
+                  'damaged subvolumes in GetStatus once it was deleted')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -694,6 +731,7 @@ def run():
             check_sandbox_run_killed_with_daemon(bus, daemon)
             check_wait_unstarted(bus)
             check_client_usage(bus, daemon)
+            check_damaged_subvolume_record(bus, store)
 
 
 if __name__ == '__main__':

@@ -467,6 +467,43 @@ def change_behind_the_back(catalog, table, row_id, assignment, *params):
     catalog.commit()
 
 
+def check_listed_damaged(store, sound, damaged, what):
+    """A listing with one damaged subvolume lists the others as they are,
+    names the damaged one, and fails; usage counts it and fails likewise."""
+    r = store.run('subvolume', 'list', expect=1)
+    t.check(f"subvolume '{damaged}'" in r.err and 'damaged' in r.err and 'delet' in r.err,
+            f'subvolume list with {what}:\n{r.describe()}')
+    listed = re.findall(r'^ *\d+ +(\S+) ', r.out, re.M)
+    t.check_equal(listed, sound, f'subvolumes listed in text with {what}')
+
+    r = store.run('subvolume', 'list', json_output=True, expect=1)
+    doc = r.json()
+    t.check_equal(sorted(s['name'] for s in t.json_subvolume_list(doc)), sound,
+                  f'subvolumes listed in JSON with {what}')
+    t.check_equal([s['name'] for s in doc['damaged']], [damaged], f'damaged subvolumes in JSON with {what}')
+    t.check_equal(doc['damaged'][0]['id'], store_id(store, damaged), f'ID of the damaged subvolume ({what})')
+    for s in t.json_subvolume_list(doc):
+        t.check(s['inodes'] > 0, f'{s["name"]} listed without its figures, with {what}: {s}')
+
+    r = store.run('usage', json_output=True, expect=1)
+    doc = r.json()
+    t.json_usage(doc)
+    t.check_equal(doc['total']['damaged_subvolumes'], 1, f'damaged subvolumes in usage with {what}')
+    t.check_equal(doc['total']['subvolumes'], len(sound) + 1, f'subvolumes in usage with {what}')
+    t.check_equal(sorted(s['name'] for s in doc['subvolumes']), sound, f'rows of usage with {what}')
+    t.check(f"subvolume '{damaged}'" in r.err, f'usage with {what}:\n{r.describe()}')
+
+
+def store_id(store, name):
+    """The ID of a subvolume whatever the state of its record: the catalog's."""
+    catalog = t.open_catalog(store.path)
+    try:
+        (sid,) = catalog.execute('SELECT id FROM subvolumes WHERE name = ? AND deleted = 0', (name,)).fetchone()
+    finally:
+        catalog.close()
+    return sid
+
+
 def test_catalog_record_checks():
     """The catalog's records of subvolumes and layers carry checks. A record
     changed behind the store's back (a top layer that names another's, as a
@@ -488,9 +525,10 @@ def test_catalog_record_checks():
         for args in (['subvolume', 'set-quota', 'a', '1G'], ['subvolume', 'snapshot', 'a', 'a-snap']):
             r = store.run(*args, expect=None)
             t.check(r.code != 0 and 'damaged' in r.err, f'{" ".join(args)} of a damaged record:\n{r.describe()}')
-        for args in (['subvolume', 'show', 'a'], ['subvolume', 'list'], ['mount', 'a', store.new_dir('mnt-a')]):
+        for args in (['subvolume', 'show', 'a'], ['mount', 'a', store.new_dir('mnt-a')]):
             r = store.run(*args, expect=None)
             t.check(r.code != 0 and 'damaged' in r.err, f'{" ".join(args)} with a damaged record of a:\n{r.describe()}')
+        check_listed_damaged(store, ['b', 'c'], 'a', 'a damaged record of a')
         kept = stored_files(store)
         r = store.run('reap', '--wait', expect=None)
         t.check(r.code != 0, f'reap with a damaged record in the catalog:\n{r.describe()}')
@@ -523,6 +561,7 @@ def test_catalog_record_checks():
         store.run('subvolume', 'delete', 'e')
         r = store.run('subvolume', 'show', 'c', expect=None)
         t.check(r.code != 0 and 'damaged' in r.err, f'show of c over a damaged layer record:\n{r.describe()}')
+        check_listed_damaged(store, ['b'], 'c', f'a damaged record of layer {top_c}')
         r = store.run('scrub', expect=1)
         t.check(f'catalog layer {top_c}' in r.out, f'scrub with a damaged record of layer {top_c}:\n{r.describe()}')
         r = store.run('reap', '--wait', expect=None)
