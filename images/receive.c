@@ -2,11 +2,13 @@
 
 /*
  * Receive: applies send streams to new images. Each subvolume of the input
- * is built under a temporary name (IMAGE_RECEIVING_PREFIX, the pid and a
- * counter), frozen at its END command, and given its real name only when
- * the whole input has been read and its digest (if it has one) checked
- * out. A failure deletes them all; a receive whose process died is cleaned
- * up by the next one (image_remove_stale_receives()).
+ * is built under a temporary name (IMAGE_RECEIVING_PREFIX, the receive's
+ * own UUID and a counter), frozen at its END command, and given its real
+ * name only when the whole input has been read and its digest (if it has
+ * one) checked out. A failure deletes them all. The receive holds a claim
+ * of the store named after its UUID while it runs: the subvolumes of one
+ * whose process died, which nobody claims any more, are cleaned up by the
+ * next (image_remove_stale_receives()).
  *
  * Paths come from an untrusted stream: each is walked from the root one
  * component at a time, and a component that is empty, ".", "..", or not a
@@ -37,6 +39,7 @@
 #include "time-util.h"
 
 #define CLONE_SOURCES_MAX 16
+#define RECEIVE_CLAIM_PREFIX "receive-"
 #define PROGRESS_INTERVAL_USEC (200 * 1000)
 
 typedef struct CloneSource {
@@ -60,6 +63,10 @@ typedef struct Receiver {
         ImageError *error;
         StreamReader reader;
         const char *phase;
+
+        /* Its claim ("receive-UUID"), and the UUID in its temporary names. */
+        char claim[64];
+        char receive_uuid[37];
 
         /* The subvolume being received. */
         Volume *volume;
@@ -274,8 +281,8 @@ static int begin_subvolume(Receiver *rc, const StreamCommand *c) {
                 return -ENOMEM;
         memcpy(rc->uuid, c->uuid, sizeof rc->uuid);
         rc->ctransid = c->ctransid;
-        snprintf(rc->temp_name, sizeof rc->temp_name, IMAGE_RECEIVING_PREFIX "%d-%u",
-                 (int) getpid(), counter++);
+        snprintf(rc->temp_name, sizeof rc->temp_name, IMAGE_RECEIVING_PREFIX "%s-%u", rc->receive_uuid,
+                 counter++);
 
         if (c->cmd == CMD_SNAPSHOT && pending_image(rc, c->clone_uuid))
                 r = store_subvolume_snapshot(rc->store, pending_image(rc, c->clone_uuid), rc->temp_name, false);
@@ -868,9 +875,19 @@ int image_receive(Store *s, int fd, const ImageReceiveOptions *opts, char ***ret
         if (image_remove_stale_receives(s) > 0 && !rc.opts->no_background_reap)
                 (void) store_reap_in_background(s);
 
+        /* Claimed before its first subvolume is made: none is ever seen
+         * unclaimed while the receive lives. */
+        r = store_uuid_new(rc.receive_uuid);
+        if (r < 0)
+                return image_error(rc.error, r, "cannot make the receive's UUID: %s", strerror(-r));
+        snprintf(rc.claim, sizeof rc.claim, RECEIVE_CLAIM_PREFIX "%s", rc.receive_uuid);
+        r = store_claim(s, rc.claim);
+        if (r < 0)
+                return image_error(rc.error, r, "cannot claim the receive in the store: %s", strerror(-r));
+
         r = stream_input_new(fd, &in, rc.error);
         if (r < 0)
-                return r;
+                goto finish;
         rc.reader.in = in;
         rc.reader.buf = malloc(COMMAND_HEADER_LEN + COMMAND_PAYLOAD_MAX);
         rc.decoded = malloc(ENCODED_LEN_MAX);
@@ -903,6 +920,7 @@ finish:
         abandon_subvolume(&rc);
         if (r < 0)
                 abandon_pending(&rc);
+        (void) store_claim_release(s, rc.claim);
         free(rc.pending);
         free(rc.reader.buf);
         free(rc.decoded);
@@ -918,6 +936,39 @@ finish:
         return r;
 }
 
+/* Whether a temporary name is one a receive made whose process is gone:
+ * UUID-N, the UUID of a receive that nobody claims any more; or PID-N,
+ * made by receives before claims, of a process that is gone. Any other
+ * name is kept. */
+static bool receive_is_gone(Store *s, const char *name) {
+        const char *id = name + strlen(IMAGE_RECEIVING_PREFIX), *counter;
+        size_t id_len;
+        char *end;
+
+        if (!startswith(name, IMAGE_RECEIVING_PREFIX))
+                return false;
+        counter = strrchr(id, '-');
+        if (!counter || !isdigit((unsigned char) counter[1]))
+                return false;
+        errno = 0;
+        if (strtoul(counter + 1, &end, 10) > UINT_MAX || errno != 0 || *end != 0)
+                return false;
+        id_len = (size_t) (counter - id);
+
+        if (id_len == 36 && strspn(id, "0123456789abcdef-") >= 36) {
+                char claim[64];
+
+                snprintf(claim, sizeof claim, RECEIVE_CLAIM_PREFIX "%.36s", id);
+                return store_claim_is_held(s, claim) == 0;
+        }
+        if (id_len > 0 && id_len <= 10 && strspn(id, "0123456789") == id_len) {
+                long pid = strtol(id, NULL, 10);
+
+                return pid > 0 && pid <= INT_MAX && process_is_exiting((pid_t) pid);
+        }
+        return false;
+}
+
 int image_remove_stale_receives(Store *s) {
         _cleanup_strv_free_ char **names = NULL;
         int r, removed = 0;
@@ -928,25 +979,13 @@ int image_remove_stale_receives(Store *s) {
         if (r < 0)
                 return r;
         for (char **name = names; *name; name++) {
-                const char *p = *name + strlen(IMAGE_RECEIVING_PREFIX);
-                unsigned long counter;
-                char *end;
-                long pid;
-
-                /* Exactly the names receives make: PID-N. */
-                if (!startswith(*name, IMAGE_RECEIVING_PREFIX) || !isdigit((unsigned char) p[0]))
-                        continue;
-                pid = strtol(p, &end, 10);
-                if (*end != '-' || !isdigit((unsigned char) end[1]))
-                        continue;
-                counter = strtoul(end + 1, &end, 10);
-                if (*end != 0 || pid <= 0 || counter > UINT_MAX)
-                        continue;
-                if (!process_is_exiting((pid_t) pid))
+                if (!receive_is_gone(s, *name))
                         continue;
                 /* One still mounted stays: its lock is taken, the delete fails. */
                 if (store_subvolume_delete(s, *name, NULL) >= 0)
                         removed++;
         }
+        /* Then the claims of receives that died, their subvolumes gone. */
+        (void) store_claims_clear(s, RECEIVE_CLAIM_PREFIX);
         return removed;
 }

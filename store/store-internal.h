@@ -66,6 +66,8 @@ typedef struct SpaceGuard {
         bool probe_fits;        /* and whether the floor fitted then */
 } SpaceGuard;
 
+typedef struct StoreClaim StoreClaim;
+
 struct Store {
         char *path;
         int dir_fd;
@@ -86,6 +88,10 @@ struct Store {
         struct Dictionaries *dicts;
         SpaceGuard space;
 
+        /* The claims this process holds (claim.c). */
+        pthread_mutex_t claims_lock;
+        StoreClaim *claims;
+
         /* In the list of this process's open stores. */
         Store *open_prev, *open_next;
 };
@@ -102,6 +108,10 @@ DEFINE_TRIVIAL_CLEANUP_FUNC(ZSTD_DCtx *, ZSTD_freeDCtx);
 #define CATALOG_LOCKED(s) MUTEX_LOCKED(&(s)->catalog_lock)
 
 #define FOREACH_STORE_SUBDIR(sub) FOREACH_STRING(sub, "packs", "layers", "locks")
+
+/* ---- claim.c ---- */
+/* Closes the descriptors of this process's claims, leaving their files. */
+void store_claims_close(Store *s);
 
 /* ---- store.c ---- */
 uint64_t now_usec(void);

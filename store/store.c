@@ -305,6 +305,7 @@ int store_open(const char *path, Store **ret) {
                 pthread_mutexattr_destroy(&attr);
         }
         pthread_mutex_init(&s->space.lock, NULL);
+        pthread_mutex_init(&s->claims_lock, NULL);
         /* Absolute: a background server changes its directory to "/". */
         s->path = realpath(path, NULL);
         if (!s->path)
@@ -365,6 +366,7 @@ Store *store_close(Store *s) {
         if (!s)
                 return NULL;
         open_stores_remove(s);
+        store_claims_close(s);
         s->packs = packs_free(s->packs);
         s->dicts = dictionaries_free(s->dicts);
         sqlite3_finalize(s->find_block);
@@ -376,6 +378,7 @@ Store *store_close(Store *s) {
         safe_close(s->dir_fd);
         pthread_mutex_destroy(&s->catalog_lock);
         pthread_mutex_destroy(&s->space.lock);
+        pthread_mutex_destroy(&s->claims_lock);
         free(s->path);
         free(s);
         return NULL;

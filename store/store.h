@@ -232,6 +232,22 @@ int store_reaper_hurry(Store *s, bool hurry);
  * what it has to say goes to the store's log. */
 int store_reap_in_background(Store *s);
 
+/* Claims: work a process does under temporary names, which a crash leaves
+ * behind, is claimed under a name of its own (1 to 64 of a-z, 0-9 and
+ * '-') for as long as the process lives: a lock the kernel releases when
+ * it dies, which means the same in every PID namespace and after its PID
+ * is reused. Held until released or the store is closed; -EEXIST if
+ * another holds it. A child forked without exec() does not hold its
+ * parent's claims. */
+int store_claim(Store *s, const char *claim);
+/* Releases a claim of this process and removes it; -ENOENT if not held. */
+int store_claim_release(Store *s, const char *claim);
+/* 1 if a live process holds the claim, 0 if nobody does. */
+int store_claim_is_held(Store *s, const char *claim);
+/* Removes the claims starting with prefix that nobody holds: those of
+ * processes that died. Returns how many. */
+int store_claims_clear(Store *s, const char *prefix);
+
 /* A line of what went wrong where no caller hears of it, to standard error
  * (program[pid]: message); after store_log_to_file(), which a process that
  * left its caller calls, to the file "log" of the store, with the time. */

@@ -3,9 +3,13 @@
 """Malformed and hostile send streams: each is refused with the byte offset
 (where there is one) and the reason, nothing of it is left in the store,
 and nothing outside the image is touched. Then a good stream still goes
-in, and the store checks out."""
+in, and the store checks out. Images under way are unseen by others, all
+named or none, and those of a receive killed in another PID namespace are
+kept while it lives and removed after."""
 
+import fcntl
 import os
+import shutil
 import stat
 import struct
 import subprocess
@@ -384,6 +388,71 @@ def check_names_all_or_nothing(store, tmp):
     store.run('subvolume', 'delete', 'pair-b')
 
 
+def receive_claims(store):
+    return sorted(n for n in os.listdir(os.path.join(store.path, 'locks')) if n.startswith('claim-receive-'))
+
+
+def check_dead_receive_in_pid_namespace(store, tmp):
+    """The images under way of a receive in another PID namespace (a
+    container sharing the store), whose PID means another process here,
+    are kept by other receives while it lives, and removed by the next one
+    once it was killed, with its claim. A PID in their names would have
+    named this namespace's init, alive: kept for ever."""
+    if not shutil.which('unshare') or os.geteuid() != 0:
+        print('a receive in another PID namespace: skipped (needs unshare and root)')
+        return
+    first = simple_stream('ns-a', uuid=b'\x1a' * 16, body=[mkfile('f')])
+    second = simple_stream('ns-b', uuid=b'\x1b' * 16, body=[mkfile('g')])
+    end = len(command('end'))
+    others = []
+    for name, marker in (('ns-other', b'\x1c'), ('ns-after', b'\x1d')):
+        others.append(os.path.join(tmp, name))
+        with open(others[-1], 'wb') as f:
+            f.write(simple_stream(name, uuid=marker * 16, body=[mkfile('h')]))
+    before = store.names()
+    claims_before = receive_claims(store)
+    t.check_equal(claims_before, [], 'claims left by the receives before, which ended')
+    receiver = subprocess.Popen(['unshare', '--pid', '--fork', '--kill-child', t.tool(), '--store', store.path,
+                                 'receive'], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+    try:
+        receiver.stdin.write(first + second[:-end])
+        receiver.stdin.flush()
+        deadline = time.monotonic() + 60
+        while len([n for n in store.names() if n.startswith('.receiving-')]) < 2:
+            t.check(time.monotonic() < deadline, 'the second image of the input was never begun')
+            time.sleep(0.05)
+        under_way = sorted(n for n in store.names() if n.startswith('.receiving-'))
+        t.check_equal(len(receive_claims(store)), len(claims_before) + 1, 'claims while a receive runs')
+
+        store.run('receive', '-f', others[0])
+        t.check_equal(sorted(n for n in store.names() if n.startswith('.receiving-')), under_way,
+                      'the images under way of a live receive in another PID namespace, after another receive')
+        receiver.kill()
+        receiver.wait(60)
+        # --kill-child: the receive itself dies with unshare; its claim
+        # goes free when it is gone.
+        claim = os.path.join(store.path, 'locks', (set(receive_claims(store)) - set(claims_before)).pop())
+        with open(claim) as f:
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    t.check(time.monotonic() < deadline, 'the killed receive never let go of its claim')
+                    time.sleep(0.05)
+    finally:
+        if receiver.poll() is None:
+            receiver.kill()
+            receiver.wait()
+    store.run('receive', '-f', others[1])
+    t.check_equal(store.names(), sorted(before + ['ns-after', 'ns-other']),
+                  'subvolumes once a receive followed the killed one')
+    t.check_equal(receive_claims(store), claims_before, 'claims once a receive followed the killed one')
+    for name in ('ns-after', 'ns-other'):
+        store.run('subvolume', 'delete', name)
+
+
 def check_every_command(store, tmp):
     stream, expect_f, expect_g, expect_z, t0 = every_command_stream()
     path = os.path.join(tmp, 'every')
@@ -437,6 +506,7 @@ def run():
             check_increment_in_one_input(store, tmp)
         check_unfinished_image_unseen(store, tmp)
         check_names_all_or_nothing(store, tmp)
+        check_dead_receive_in_pid_namespace(store, tmp)
         r = store.run('receive', '-f', path, expect=1)
         t.check('exists already' in r.err, f'receiving the same image twice:\n{r.describe()}')
         store.reap()
