@@ -367,40 +367,43 @@ static int finish_subvolume(Receiver *rc, const StreamCommand *c) {
         return 0;
 }
 
-static int name_image(Receiver *rc, size_t i) {
-        char uuid[37];
+/* The whole input checked out: the images take their names, all in one
+ * change of the store, so that not even a crash leaves some named and the
+ * others not (those are deleted with the rest by the next receive). The
+ * received UUIDs come first: under their temporary names, nobody builds
+ * on them yet. */
+static int name_images(Receiver *rc) {
+        _cleanup_free_ StoreRename *renames = NULL;
+        size_t failed = 0;
         int r;
 
-        uuid_format(rc->pending[i].uuid, uuid);
-        r = store_subvolume_set_received(rc->store, rc->pending[i].temp, uuid, rc->pending[i].ctransid);
-        if (r < 0)
-                return image_error(rc->error, r, "cannot complete the image '%s': %s", rc->names[i],
-                                   strerror(-r));
-        r = store_subvolume_rename(rc->store, rc->pending[i].temp, rc->names[i]);
-        if (r == -EEXIST)
+        if (rc->n_names == 0)
+                return 0;
+        renames = calloc(rc->n_names, sizeof *renames);
+        if (!renames)
+                return -ENOMEM;
+        for (size_t i = 0; i < rc->n_names; i++) {
+                char uuid[37];
+
+                uuid_format(rc->pending[i].uuid, uuid);
+                r = store_subvolume_set_received(rc->store, rc->pending[i].temp, uuid, rc->pending[i].ctransid);
+                if (r < 0)
+                        return image_error(rc->error, r, "cannot complete the image '%s': %s", rc->names[i],
+                                           strerror(-r));
+                renames[i] = (StoreRename) { rc->pending[i].temp, rc->names[i] };
+        }
+        r = store_subvolumes_rename(rc->store, renames, rc->n_names, &failed);
+        if (r == -EEXIST && failed < rc->n_names)
                 return image_error(rc->error, r, "an image named '%s' appeared while this one was "
-                                   "received", rc->names[i]);
-        if (r < 0)
-                return image_error(rc->error, r, "cannot name the image '%s': %s", rc->names[i],
+                                   "received", rc->names[failed]);
+        if (r < 0 && failed < rc->n_names)
+                return image_error(rc->error, r, "cannot name the image '%s': %s", rc->names[failed],
                                    strerror(-r));
-        rc->pending[i].named = true;
-        return 0;
-}
-
-/* The whole input checked out: the images take their names. When one
- * cannot, those named already take their temporary names back, to be
- * deleted with the rest: all or nothing. */
-static int name_images(Receiver *rc) {
-        int r = 0;
-
-        for (size_t i = 0; r >= 0 && i < rc->n_names; i++)
-                r = name_image(rc, i);
         if (r < 0)
-                for (size_t i = 0; i < rc->n_names; i++)
-                        if (rc->pending[i].named &&
-                            store_subvolume_rename(rc->store, rc->names[i], rc->pending[i].temp) >= 0)
-                                rc->pending[i].named = false;
-        return r;
+                return image_error(rc->error, r, "cannot name the images: %s", strerror(-r));
+        for (size_t i = 0; i < rc->n_names; i++)
+                rc->pending[i].named = true;
+        return 0;
 }
 
 static void abandon_pending(Receiver *rc) {

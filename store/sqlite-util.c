@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,8 +65,10 @@ static int sqlite_db_errno(sqlite3 *db, int rc) {
  * as an I/O error or a full disk would stop it: a write then makes SQLite
  * roll back its whole transaction, a read fails alone. Not the last steps
  * of a COMMIT that is done: an I/O error cannot fail it any more, an
- * interrupt would. */
+ * interrupt would. With COWBOX_FAULT_SQL_KILL=1, the process is killed
+ * there instead (SIGKILL), as kill -9 would at that instant. */
 static uint64_t fault_steps_left;
+static uint64_t fault_kills;
 
 static bool committed_already(sqlite3 *db) {
         if (!sqlite3_get_autocommit(db))
@@ -86,8 +89,11 @@ static int fault_step(void *userdata) {
                 return 0;
         while (left > 0)
                 if (__atomic_compare_exchange_n(&fault_steps_left, &left, left - 1, false, __ATOMIC_RELAXED,
-                                                __ATOMIC_RELAXED))
+                                                __ATOMIC_RELAXED)) {
+                        if (left == 1 && fault_kills)
+                                (void) raise(SIGKILL);
                         return left == 1;
+                }
         return 0;
 }
 
@@ -101,6 +107,7 @@ uint64_t sqlite_fault_left(void) {
 
 static void fault_injection_configure(void) {
         (void) secure_getenv_uint64("COWBOX_FAULT_SQL_STEP", &fault_steps_left);
+        (void) secure_getenv_uint64("COWBOX_FAULT_SQL_KILL", &fault_kills);
 }
 
 /* SQLite's own account of an I/O error: which file, which system call

@@ -55,8 +55,9 @@ int sqlite_begin(sqlite3 *db);
 int sqlite_begin_deferred(sqlite3 *db);
 
 /* Fault injection (COWBOX_FAULT_SQL_STEP, for tests): interrupts the steps-th
- * step of SQLite's programs on connections opened from now on (0: none);
- * and how many steps are left before it. */
+ * step of SQLite's programs on connections opened from now on (0: none),
+ * or kills the process there with COWBOX_FAULT_SQL_KILL=1; and how many
+ * steps are left before it. */
 void sqlite_fault_arm(uint64_t steps);
 uint64_t sqlite_fault_left(void);
 /* A commit that fails is rolled back: an interrupted or failed COMMIT can

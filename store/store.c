@@ -697,25 +697,58 @@ int store_subvolume_set_readonly(Store *s, const char *name, bool readonly) {
         }
 }
 
-int store_subvolume_rename(Store *s, const char *name, const char *new_name) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+static int rename_one(Store *s, sqlite3_stmt *st, const char *name, const char *new_name) {
         int r;
 
         if (!store_name_is_valid(name) || !store_name_is_valid(new_name))
                 return -EINVAL;
         if (streq(name, new_name))
                 return 0;
-
-        CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET name = ?2 WHERE name = ?1 AND deleted = 0", &st);
-        if (r < 0)
-                return r;
+        sqlite3_reset(st);
         sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
         sqlite3_bind_text(st, 2, new_name, -1, SQLITE_STATIC);
         r = sqlite_step_done(st);      /* -EEXIST if the new name is taken */
         if (r < 0)
                 return r;
         return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
+}
+
+int store_subvolume_rename(Store *s, const char *name, const char *new_name) {
+        const StoreRename rename = { name, new_name };
+
+        return store_subvolumes_rename(s, &rename, 1, NULL);
+}
+
+int store_subvolumes_rename(Store *s, const StoreRename *renames, size_t n, size_t *ret_failed) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        size_t i = 0;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET name = ?2 WHERE name = ?1 AND deleted = 0", &st);
+        if (r >= 0 && n > 1)
+                r = sqlite_begin(s->catalog);
+        if (r < 0)
+                goto fail;
+        for (; i < n; i++) {
+                r = rename_one(s, st, renames[i].name, renames[i].new_name);
+                if (r < 0) {
+                        if (n > 1)
+                                sqlite_rollback(s->catalog);
+                        goto fail;
+                }
+        }
+        if (n > 1) {
+                i = n;  /* the commit's failure concerns none in particular */
+                r = sqlite_commit(s->catalog);
+                if (r < 0)
+                        goto fail;
+        }
+        return 0;
+fail:
+        if (ret_failed)
+                *ret_failed = i;
+        return r;
 }
 
 int store_subvolume_set_received(Store *s, const char *name, const char *received_uuid, uint64_t stransid) {

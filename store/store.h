@@ -143,6 +143,15 @@ int store_subvolume_set_readonly(Store *s, const char *name, bool readonly);
 /* -EEXIST if new_name is taken. Works while it is mounted. */
 int store_subvolume_rename(Store *s, const char *name, const char *new_name);
 
+/* Renames several at once, all or none: a crash leaves all their old names
+ * or all their new ones. On failure, *ret_failed (if given) is the index
+ * of the rename that failed, or n if none in particular did. */
+typedef struct StoreRename {
+        const char *name;
+        const char *new_name;
+} StoreRename;
+int store_subvolumes_rename(Store *s, const StoreRename *renames, size_t n, size_t *ret_failed);
+
 /* Records the UUID and transaction id a send stream gave the subvolume. */
 int store_subvolume_set_received(Store *s, const char *name, const char *received_uuid, uint64_t stransid);
 

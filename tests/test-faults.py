@@ -18,7 +18,8 @@ other data (of a lower layer, say).
 
 Store commands (create, snapshot, delete, reap, receive) run with a fault
 too: each is done wholly or not at all, and no file is left that the
-catalog does not know. And cowboxd with a fault from its start on: a call that fails answers with
+catalog does not know. A receive of two images is killed at each step of
+its end, where they take their names: both are there after or neither. And cowboxd with a fault from its start on: a call that fails answers with
 an error and a message, the calls after it work, and what a call did is
 committed.
 
@@ -523,6 +524,61 @@ def test_store_commands():
         check_nothing_left_over(store)
 
 
+def small_image_stream(name, marker):
+    return st.simple_stream(name=name, uuid=marker * 16, body=[
+        st.command('mkfile', ('path', 'f')),
+        st.command('write', ('path', 'f'), ('file_offset', 0), ('data', data(marker[0], 3000)))])
+
+
+def test_receive_killed_while_naming():
+    """An input of two images, its receive killed (SIGKILL, as kill -9)
+    at every step of SQLite's work near its end, where the images take
+    their names: afterwards, once the next receive has cleared what a dead
+    one left, both images are there or neither, never one alone, and fsck
+    finds the store consistent. COWBOX_FAULT_SQL_KILL turns the fault into
+    the kill."""
+    pair = ['pair-1', 'pair-2']
+    with t.Store('faults-receive-kill') as store:
+        for name, content in (('pair', small_image_stream('pair-1', b'\x51') + small_image_stream('pair-2', b'\x52')),
+                              ('other', small_image_stream('other', b'\x53'))):
+            with open(J(store.tmp, name), 'wb') as f:
+                f.write(content)
+
+        def killed_at(step):
+            r = store.run('receive', '-f', J(store.tmp, 'pair'), expect=None,
+                          env={'COWBOX_FAULT_SQL_STEP': str(step), 'COWBOX_FAULT_SQL_KILL': '1'})
+            t.check(r.code in (0, -9), f'a receive with a kill at step {step}:\n{r.describe()}')
+            # The next receive clears what a dead one left.
+            store.run('receive', '-f', J(store.tmp, 'other'))
+            names = store.names()
+            for name in names:
+                store.run('subvolume', 'delete', '--no-reap', name)
+            return r.code == -9, [n for n in names if n != 'other']
+
+        # The steps of the whole receive: killed before the last, not after.
+        low, high = 1, 100000
+        while low < high:
+            middle = (low + high) // 2
+            if killed_at(middle)[0]:
+                low = middle + 1
+            else:
+                high = middle
+        total = low
+        t.check(1000 < total < 100000, f'a receive of two small images takes {total} steps')
+        outcomes = set()
+        for step in range(total - 60, total):
+            killed, names = killed_at(step)
+            t.check(killed, f'the receive was not killed at step {step} of {total}')
+            t.check(names in ([], pair), f'a receive of two images killed at step {step} of {total} left {names}')
+            outcomes.add(tuple(names))
+            if step % 20 == 0:
+                store.fsck()
+        t.check_equal(sorted(outcomes), [(), tuple(pair)],
+                      f'what kills in the last 60 of {total} steps left: the naming is not among them')
+        store.reap()
+        store.fsck()
+
+
 # Calls to make of cowboxd, each with the change of names it makes.
 DAEMON_CALLS = [
     (['snapshot', 'image', 'w'], {'add': 'w'}),
@@ -705,6 +761,7 @@ def test_faults():
     sub.run('changes of a mount', test_mount_changes)
     sub.run('reads of a mount', test_reads)
     sub.run('store commands', test_store_commands)
+    sub.run('a receive of two images killed while it names them', test_receive_killed_while_naming)
     sub.run('calls of cowboxd', test_daemon_calls)
     sub.run('pack writes of a mount', test_pack_io)
     sub.check()
