@@ -443,6 +443,15 @@ static int check_mount_point(const Workspace *ws) {
         return 0;
 }
 
+static int subvolume_exists(Store *s, const char *subvolume) {
+        StoreSubvolumeInfo info = {};
+        int r;
+
+        r = store_subvolume_show(s, subvolume, &info);
+        store_subvolume_info_clear(&info);
+        return r == -ENOENT ? 0 : r < 0 ? r : 1;
+}
+
 /* A restore switches the workspace over to its new state in two commits,
  * the old state deleted, then the new one renamed: a crash in between
  * leaves the new state under its temporary name and none under the
@@ -453,19 +462,17 @@ static int check_mount_point(const Workspace *ws) {
  * is mounted while a restore waits to switch over. */
 static int finish_restore(Store *s, const char *subvolume) {
         _cleanup_free_ char *incoming = NULL;
-        StoreSubvolumeInfo info = {};
         int r;
 
         if (asprintf(&incoming, "%s" WORKSPACE_RESTORING_SUFFIX, subvolume) < 0)
                 return -ENOMEM;
-        r = store_subvolume_show(s, subvolume, &info);
-        store_subvolume_info_clear(&info);
-        if (r >= 0) {
+        r = subvolume_exists(s, subvolume);
+        if (r < 0)
+                return r;
+        if (r > 0) {
                 (void) store_subvolume_delete(s, incoming, NULL);
                 return 0;
         }
-        if (r != -ENOENT)
-                return r;
         r = store_subvolume_rename(s, incoming, subvolume);
         return r == -ENOENT ? 0 : r;
 }
@@ -491,6 +498,12 @@ int workspace_mount_start(Workspace *ws, Store *s, const char *store_path, int *
         }
         if (r < 0)
                 return r;
+        /* Nothing to serve (a crash before its subvolume was made, which
+         * RemoveWorkspace clears): said now, not by a server started only
+         * to fail, while the workspace would be busy being mounted. */
+        r = subvolume_exists(s, subvolume);
+        if (r <= 0)
+                return ws->mount_error = r < 0 ? r : -ENOENT;
         r = ws->mount_error = check_mount_point(ws);
         if (r < 0)
                 return r;

@@ -541,6 +541,14 @@ def check_restore_left_behind(dev):
             daemon.start()
             t.check(not os.path.exists(os.path.join(path, 'state')),
                     'a new workspace serves the files of a removed one')
+            # With nothing to serve, it is never busy being mounted: before,
+            # the watch started a server for it every two seconds, which
+            # failed, and calls that met one were refused.
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                r = d.gdbus_call(bus, 'SetWorkspaceLimit', 'old', '0', expect=None)
+                t.check(d.error_name(r) != 'org.cowbox1.Error.Busy',
+                        f'a workspace without its subvolume, busy:\n{r.describe()}')
 
             # A checkpoint that cannot be deleted (mounted elsewhere) keeps
             # the workspace listed, so that its removal can be asked again:
