@@ -81,8 +81,26 @@
         "  AFTER UPDATE OF id, parent, created_usec, made ON layers BEGIN"                              \
         "  UPDATE layers SET row_check = " LAYER_CHECK_OF("layers.") " WHERE id = NEW.id; END;"
 
+/* The same for the rows of a table keyed by key_column. INSERT OR REPLACE
+ * writes a row anew: it mends a damaged one. */
+#define CHECK_TRIGGERS_SQL(table, key_column, columns, check_of)                                         \
+        "CREATE TRIGGER IF NOT EXISTS " table "_checked_insert AFTER INSERT ON " table " BEGIN"          \
+        "  UPDATE " table " SET row_check = " check_of(table ".") " WHERE " key_column " = NEW."         \
+        key_column "; END;"                                                                             \
+        "CREATE TRIGGER IF NOT EXISTS " table "_sound_update BEFORE UPDATE OF " columns " ON " table     \
+        "  WHEN OLD.row_check IS NOT " check_of("OLD.") " BEGIN"                                        \
+        "  SELECT RAISE(ABORT, 'damaged record'); END;"                                                 \
+        "CREATE TRIGGER IF NOT EXISTS " table "_checked_update AFTER UPDATE OF " columns " ON " table    \
+        " BEGIN UPDATE " table " SET row_check = " check_of(table ".") " WHERE " key_column " = NEW."    \
+        key_column "; END;"
+
+#define OTHER_CHECK_TRIGGERS_SQL                                                                        \
+        CHECK_TRIGGERS_SQL("meta", "key", "key, value", META_CHECK_OF)                                  \
+        CHECK_TRIGGERS_SQL("counters", "key", "key, value", COUNTER_CHECK_OF)                           \
+        CHECK_TRIGGERS_SQL("packs", "id", "id, created_usec", PACK_CHECK_OF)
+
 static const char catalog_schema[] =
-        "CREATE TABLE meta(key TEXT PRIMARY KEY, value);"
+        "CREATE TABLE meta(key TEXT PRIMARY KEY, value," CHECKED_COLUMN_SQL ");"
         "CREATE TABLE layers("
         "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
         "  parent INTEGER REFERENCES layers(id),"
@@ -105,7 +123,8 @@ static const char catalog_schema[] =
         "CREATE UNIQUE INDEX subvolumes_live_name ON subvolumes(name) WHERE deleted = 0;"
         SUBVOLUMES_UUID_INDEX_SQL
         SUBVOLUMES_TOP_INDEX_SQL
-        "CREATE TABLE packs(id INTEGER PRIMARY KEY AUTOINCREMENT, created_usec INTEGER NOT NULL);"
+        "CREATE TABLE packs(id INTEGER PRIMARY KEY AUTOINCREMENT, created_usec INTEGER NOT NULL,"
+        CHECKED_COLUMN_SQL ");"
         "CREATE TABLE blocks("
         "  digest BLOB PRIMARY KEY,"
         "  pack INTEGER NOT NULL,"
@@ -113,10 +132,11 @@ static const char catalog_schema[] =
         "  stored_len INTEGER NOT NULL,"
         "  raw_len INTEGER NOT NULL) WITHOUT ROWID;"
         DAMAGED_BLOCKS_SCHEMA
-        "CREATE TABLE counters(key TEXT PRIMARY KEY, value INTEGER NOT NULL);"
-        "INSERT INTO counters VALUES ('corruption_events', 0), ('transid', 0);"
+        "CREATE TABLE counters(key TEXT PRIMARY KEY, value INTEGER NOT NULL," CHECKED_COLUMN_SQL ");"
         DICTIONARIES_SCHEMA
-        CATALOG_CHECK_TRIGGERS_SQL;
+        CATALOG_CHECK_TRIGGERS_SQL
+        OTHER_CHECK_TRIGGERS_SQL
+        "INSERT INTO counters(key, value) VALUES ('corruption_events', 0), ('transid', 0);";
 
 /* The layers reachable from the tops of live subvolumes. */
 #define LIVE_LAYERS_CTE                                                                \
@@ -209,6 +229,53 @@ static int upgrade_row_checks(Store *s) {
         return r;
 }
 
+static bool has_trigger(sqlite3 *db, const char *name) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+
+        if (sqlite_prepare(db, "SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = ?1", &st) < 0)
+                return false;
+        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+        return sqlite_step_row(st) > 0;
+}
+
+/* Whether the catalog's other rows have their checks, kept by triggers. */
+static bool other_row_checks_kept(sqlite3 *db) {
+        return has_column(db, "meta", "row_check") && has_trigger(db, "packs_checked_update");
+}
+
+/* Checks for the catalog's other rows, of a store made before them: the
+ * columns, the triggers, and the checks of the rows as they are. */
+static int upgrade_other_row_checks(Store *s) {
+        int r;
+
+        r = sqlite_exec(s->catalog, "BEGIN IMMEDIATE");
+        if (r < 0)
+                return r;
+        /* Another process may have done it meanwhile. */
+        if (other_row_checks_kept(s->catalog))
+                return sqlite_commit(s->catalog);
+        FOREACH_STRING(table, "meta", "counters", "packs")
+                if (r >= 0 && !has_column(s->catalog, table, "row_check")) {
+                        _cleanup_free_ char *sql = NULL;
+
+                        if (asprintf(&sql, "ALTER TABLE %s ADD COLUMN" CHECKED_COLUMN_SQL, table) < 0)
+                                r = -ENOMEM;
+                        else
+                                r = sqlite_exec(s->catalog, sql);
+                }
+        if (r >= 0)
+                r = sqlite_exec(s->catalog,
+                                OTHER_CHECK_TRIGGERS_SQL
+                                "UPDATE meta SET row_check = " META_CHECK_OF("meta.") ";"
+                                "UPDATE counters SET row_check = " COUNTER_CHECK_OF("counters.") ";"
+                                "UPDATE packs SET row_check = " PACK_CHECK_OF("packs.") ";");
+        if (r >= 0)
+                r = sqlite_commit(s->catalog);
+        if (r < 0)
+                sqlite_rollback(s->catalog);
+        return r;
+}
+
 /* The first triggers of the checks computed them anew from any row, also
  * from one damaged already, which a change of it then passed for sound. */
 static int upgrade_check_triggers(Store *s) {
@@ -262,7 +329,7 @@ int catalog_upgrade(Store *s) {
                                 "ALTER TABLE subvolumes ADD COLUMN received_uuid TEXT NOT NULL DEFAULT '';"
                                 "ALTER TABLE subvolumes ADD COLUMN ctransid INTEGER NOT NULL DEFAULT 0;"
                                 "ALTER TABLE subvolumes ADD COLUMN stransid INTEGER NOT NULL DEFAULT 0;"
-                                "INSERT OR IGNORE INTO counters VALUES ('transid', 0);"
+                                "INSERT OR IGNORE INTO counters(key, value) VALUES ('transid', 0);"
                                 "COMMIT");
                 if (r < 0)
                         return r;
@@ -287,6 +354,8 @@ int catalog_upgrade(Store *s) {
                 r = upgrade_row_checks(s);
         else
                 r = upgrade_check_triggers(s);
+        if (r >= 0 && !other_row_checks_kept(db))
+                r = upgrade_other_row_checks(s);
         if (r < 0)
                 return r;
         return upgrade_format(s);
@@ -605,6 +674,8 @@ int catalog_damaged_records(Store *s, bool live_only, CatalogDamage **ret, size_
         int r;
 
         CATALOG_LOCKED(s);
+        /* live_only is for the reaper, whose work follows from the records
+         * of subvolumes and layers; it passes damaged packs by itself. */
         r = sqlite_prepare(s->catalog,
                            live_only ? LIVE_LAYERS_CTE
                                        "SELECT 0, id, name FROM subvolumes WHERE row_check IS NOT " SUBVOLUME_CHECK
@@ -612,7 +683,13 @@ int catalog_damaged_records(Store *s, bool live_only, CatalogDamage **ret, size_
                                        LAYER_CHECK_OF("layers.") " AND id IN (SELECT layer FROM live) ORDER BY 1, 2"
                                      : "SELECT 0, id, name FROM subvolumes WHERE row_check IS NOT " SUBVOLUME_CHECK
                                        " UNION ALL SELECT 1, id, NULL FROM layers WHERE row_check IS NOT "
-                                       LAYER_CHECK_OF("layers.") " ORDER BY 1, 2", &st);
+                                       LAYER_CHECK_OF("layers.")
+                                       " UNION ALL SELECT 2, 0, key FROM meta WHERE row_check IS NOT "
+                                       META_CHECK_OF("meta.")
+                                       " UNION ALL SELECT 3, 0, key FROM counters WHERE row_check IS NOT "
+                                       COUNTER_CHECK_OF("counters.")
+                                       " UNION ALL SELECT 4, id, NULL FROM packs WHERE row_check IS NOT "
+                                       PACK_CHECK_OF("packs.") " ORDER BY 1, 2, 3", &st);
         if (r < 0)
                 return r;
         while ((r = sqlite_step_row(st)) > 0) {
@@ -623,7 +700,7 @@ int catalog_damaged_records(Store *s, bool live_only, CatalogDamage **ret, size_
                         break;
                 }
                 d[n] = (CatalogDamage) {
-                        .layer = sqlite3_column_int(st, 0),
+                        .kind = (CatalogRecordKind) sqlite3_column_int(st, 0),
                         .id = (uint64_t) sqlite3_column_int64(st, 1),
                         .name = name ? strdup(name) : NULL,
                 };
@@ -635,7 +712,9 @@ int catalog_damaged_records(Store *s, bool live_only, CatalogDamage **ret, size_
         }
         if (r >= 0 && ret_checked)
                 r = sqlite_query_int(s->catalog, "SELECT (SELECT count(*) FROM subvolumes) + "
-                                                 "(SELECT count(*) FROM layers)", &checked);
+                                                 "(SELECT count(*) FROM layers) + (SELECT count(*) FROM meta) + "
+                                                 "(SELECT count(*) FROM counters) + (SELECT count(*) FROM packs)",
+                                     &checked);
         if (r < 0) {
                 catalog_damage_array_free(d, n);
                 return r;
@@ -680,15 +759,86 @@ int catalog_meta_get_int(Store *s, const char *key, int64_t *ret) {
         int r;
 
         CATALOG_LOCKED(s);
-        r = sqlite_prepare(s->catalog, "SELECT value FROM meta WHERE key = ?1", &st);
+        r = sqlite_prepare(s->catalog, "SELECT value, row_check IS " META_CHECK_OF("meta.") " FROM meta WHERE key = ?1",
+                           &st);
         if (r < 0)
                 return r;
         sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC);
         r = sqlite_step_row(st);
         if (r < 0)
                 return r;
+        if (r > 0 && !sqlite3_column_int(st, 1)) {
+                store_log("the catalog's record of the setting '%s' is damaged: it is not used. 'cowbox-store "
+                          "fsck --repair' mends it", key);
+                return -EUCLEAN;
+        }
         *ret = r > 0 ? sqlite3_column_int64(st, 0) : 0;
         return 0;
+}
+
+int catalog_check_identity(Store *s) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT key FROM meta WHERE key IN ('format', 'uuid', 'secret') AND "
+                                       "row_check IS NOT " META_CHECK_OF("meta."), &st);
+        if (r < 0)
+                return r;
+        r = sqlite_step_row(st);
+        if (r <= 0)
+                return r;
+        store_log("the catalog's record of the store's %s is damaged: the store cannot be used",
+                  (const char *) sqlite3_column_text(st, 0));
+        return -EUCLEAN;
+}
+
+/* The store's identity is its own and cannot be made again. A setting
+ * goes back to its default (a fold's record too: the layer it was making
+ * is then a dead one, which the reaper drops). The transaction counter
+ * goes on from the highest transaction a subvolume records, and the count
+ * of corruption events keeps the value it has. A pack's record is made
+ * again from the blocks that name the pack. */
+int catalog_mend_record(Store *s, const CatalogDamage *d) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        switch (d->kind) {
+        case CATALOG_RECORD_META:
+                if (!d->name || streq(d->name, "format") || streq(d->name, "uuid") || streq(d->name, "secret"))
+                        return -EUCLEAN;
+                r = sqlite_prepare(s->catalog, "DELETE FROM meta WHERE key = ?1", &st);
+                if (r < 0)
+                        return r;
+                sqlite3_bind_text(st, 1, d->name, -1, SQLITE_STATIC);
+                return sqlite_step_done(st);
+        case CATALOG_RECORD_COUNTER:
+                if (!d->name)
+                        return -EUCLEAN;
+                r = sqlite_prepare(s->catalog,
+                                   "INSERT OR REPLACE INTO counters(key, value) SELECT ?1, CASE ?1 "
+                                   "  WHEN 'transid' THEN (SELECT coalesce(max(ctransid), 0) FROM subvolumes) "
+                                   "  ELSE max(value, 0) END FROM counters WHERE key = ?1", &st);
+                if (r < 0)
+                        return r;
+                sqlite3_bind_text(st, 1, d->name, -1, SQLITE_STATIC);
+                return sqlite_step_done(st);
+        case CATALOG_RECORD_PACK:
+                r = sqlite_begin(s->catalog);
+                if (r < 0)
+                        return r;
+                r = sqlite_exec(s->catalog, "DELETE FROM packs WHERE row_check IS NOT " PACK_CHECK_OF("packs.") ";"
+                                            "INSERT INTO packs(id, created_usec) SELECT DISTINCT pack, 0 FROM blocks "
+                                            "WHERE pack NOT IN (SELECT id FROM packs)");
+                if (r >= 0)
+                        r = sqlite_commit(s->catalog);
+                if (r < 0)
+                        sqlite_rollback(s->catalog);
+                return r;
+        default:
+                return -EUCLEAN;        /* deleting the subvolume mends it */
+        }
 }
 
 int catalog_meta_set_int(Store *s, const char *key, int64_t value) {

@@ -170,16 +170,29 @@ static int digest_set_add(DigestSet *set, const Digest *d) {
 
 /* ---- settings, and the pace of a reaper ---- */
 
+/* A damaged setting (logged, and named by scrub) is not used: its default
+ * is, until it is set again. */
+static int setting_get(Store *s, const char *key, int64_t *ret) {
+        int r;
+
+        r = catalog_meta_get_int(s, key, ret);
+        if (r == -EUCLEAN) {
+                *ret = 0;
+                return 0;
+        }
+        return r;
+}
+
 int store_reaper_settings(Store *s, StoreReaperSettings *ret) {
         int64_t paused = 0, rate = 0, hurry_until = 0;
         uint64_t now = now_usec();
         int r;
 
-        r = catalog_meta_get_int(s, "reaper_paused", &paused);
+        r = setting_get(s, "reaper_paused", &paused);
         if (r >= 0)
-                r = catalog_meta_get_int(s, "reaper_rate", &rate);
+                r = setting_get(s, "reaper_rate", &rate);
         if (r >= 0)
-                r = catalog_meta_get_int(s, "reaper_hurry_until", &hurry_until);
+                r = setting_get(s, "reaper_hurry_until", &hurry_until);
         if (r < 0)
                 return r;
         *ret = (StoreReaperSettings) {
@@ -559,7 +572,8 @@ static int remove_empty_packs(Store *s, StoreReapStats *stats) {
 
                 CATALOG_LOCKED(s);
                 r = sqlite_prepare(s->catalog,
-                                   "SELECT id FROM packs WHERE id NOT IN (SELECT DISTINCT pack FROM blocks)", &st);
+                                   "SELECT id FROM packs WHERE id NOT IN (SELECT DISTINCT pack FROM blocks) "
+                                   "AND row_check IS " PACK_CHECK_OF("packs."), &st);
                 if (r >= 0)
                         r = sqlite_collect_ids(st, &ids, &n);
                 if (r < 0)
@@ -648,7 +662,9 @@ static int reclaim_unindexed_records(Store *s, StoreReapStats *stats) {
                 _cleanup_stmt_ sqlite3_stmt *st = NULL;
 
                 CATALOG_LOCKED(s);
-                r = sqlite_prepare(s->catalog, "SELECT id FROM packs ORDER BY id", &st);
+                /* A damaged record names no pack to be believed. */
+                r = sqlite_prepare(s->catalog, "SELECT id FROM packs WHERE row_check IS " PACK_CHECK_OF("packs.")
+                                               " ORDER BY id", &st);
                 if (r >= 0)
                         r = sqlite_collect_ids(st, &packs, &n_packs);
                 if (r < 0)

@@ -686,8 +686,26 @@ static int scrub_layers(Store *s, store_damage_cb cb, void *userdata, StoreScrub
         return r;
 }
 
-/* The catalog's records of subvolumes and layers: each damaged one is
- * reported with the subvolume it names, or none for a layer's. */
+static const char *const catalog_record_kinds[] = {
+        [CATALOG_RECORD_SUBVOLUME] = "subvolume",
+        [CATALOG_RECORD_LAYER] = "layer",
+        [CATALOG_RECORD_META] = "setting",
+        [CATALOG_RECORD_COUNTER] = "counter",
+        [CATALOG_RECORD_PACK] = "pack",
+};
+
+/* "subvolume 3", "setting reaper_rate": a damaged record of the catalog. */
+static void catalog_record_name(const CatalogDamage *d, char *buf, size_t size) {
+        const char *kind = d->kind < ELEMENTSOF(catalog_record_kinds) ? catalog_record_kinds[d->kind] : "record";
+
+        if (d->kind == CATALOG_RECORD_META || d->kind == CATALOG_RECORD_COUNTER)
+                snprintf(buf, size, "%s %s", kind, d->name ?: "?");
+        else
+                snprintf(buf, size, "%s %" PRIu64, kind, d->id);
+}
+
+/* The catalog's records: each damaged one is reported with the subvolume
+ * it names, or none for another's. */
 static int scrub_catalog(Store *s, store_damage_cb cb, void *userdata, StoreScrubStats *stats) {
         CatalogDamage *damage = NULL;
         uint64_t checked = 0;
@@ -701,15 +719,22 @@ static int scrub_catalog(Store *s, store_damage_cb cb, void *userdata, StoreScru
         stats->rows_damaged += n;
         stats->catalog_rows_damaged += n;
         for (size_t i = 0; i < n; i++) {
-                StoreDamage d = {
-                        .reason = damage[i].layer ? "damaged catalog record of a layer"
-                                                  : "damaged catalog record of a subvolume",
-                        .subvolume = damage[i].name,
+                static const char *const reasons[] = {
+                        [CATALOG_RECORD_SUBVOLUME] = "damaged catalog record of a subvolume",
+                        [CATALOG_RECORD_LAYER] = "damaged catalog record of a layer",
+                        [CATALOG_RECORD_META] = "damaged catalog record of a setting of the store",
+                        [CATALOG_RECORD_COUNTER] = "damaged catalog record of a counter of the store",
+                        [CATALOG_RECORD_PACK] = "damaged catalog record of a pack file",
                 };
+                StoreDamage d = {
+                        .reason = reasons[damage[i].kind],
+                        .subvolume = damage[i].kind == CATALOG_RECORD_SUBVOLUME ? damage[i].name : NULL,
+                };
+                char what[sizeof d.digest - 8];
 
                 block_count_corruption(s);
-                snprintf(d.digest, sizeof d.digest, "catalog %s %" PRIu64, damage[i].layer ? "layer" : "subvolume",
-                         damage[i].id);
+                catalog_record_name(&damage[i], what, sizeof what);
+                snprintf(d.digest, sizeof d.digest, "catalog %s", what);
                 if (cb)
                         cb(&d, userdata);
         }
@@ -1517,15 +1542,29 @@ static int check_catalog_records(Fsck *f) {
         r = catalog_damaged_records(f->store, false, &damage, &n, NULL);
         if (r < 0)
                 return r;
-        for (size_t i = 0; i < n; i++)
-                if (damage[i].layer)
+        for (size_t i = 0; i < n; i++) {
+                char what[64];
+                bool mended;
+
+                switch (damage[i].kind) {
+                case CATALOG_RECORD_LAYER:
                         problem(f, false, "catalog: the record of layer %" PRIu64 " fails its checksum: the "
                                 "subvolumes on it cannot be used, and the reaper frees nothing until they are deleted",
                                 damage[i].id);
-                else
+                        break;
+                case CATALOG_RECORD_SUBVOLUME:
                         problem(f, false, "catalog: the record of subvolume %" PRIu64 " ('%s') fails its checksum: "
                                 "it cannot be used, and the reaper frees nothing until it is deleted",
                                 damage[i].id, damage[i].name ?: "?");
+                        break;
+                default:
+                        catalog_record_name(&damage[i], what, sizeof what);
+                        mended = f->repair && catalog_mend_record(f->store, &damage[i]) >= 0;
+                        problem(f, mended, "catalog: the record of the %s fails its checksum: it is not used%s",
+                                what, mended || f->repair ? "" : " ('fsck --repair' writes it anew)");
+                        break;
+                }
+        }
         catalog_damage_array_free(damage, n);
         return 0;
 }

@@ -230,16 +230,30 @@ int catalog_layer_is_shared(Store *s, uint64_t layer);
  * fsck, which name it through catalog_damaged_records()). */
 int catalog_list_subvolumes(Store *s, bool skip_damaged, SubvolumeRecord **ret, size_t *ret_n);
 
-/* The records of subvolumes and layers whose check fails, and how many
- * records there are in all. live_only: of layers, only those that live
- * subvolumes stand on (a dead one is dropped as it is). */
+/* The records of the catalog whose check fails, and how many records
+ * there are in all. live_only: only those of subvolumes, and of layers
+ * that live subvolumes stand on (a dead one is dropped as it is). */
+typedef enum CatalogRecordKind {
+        CATALOG_RECORD_SUBVOLUME,
+        CATALOG_RECORD_LAYER,
+        CATALOG_RECORD_META,            /* a setting or the store's identity, by key */
+        CATALOG_RECORD_COUNTER,         /* by key */
+        CATALOG_RECORD_PACK,
+} CatalogRecordKind;
+
 typedef struct CatalogDamage {
-        bool layer;             /* a layer's record, else a subvolume's */
-        uint64_t id;
-        char *name;             /* a subvolume's name as recorded, perhaps damaged */
+        CatalogRecordKind kind;
+        uint64_t id;            /* of a subvolume, layer or pack */
+        char *name;             /* a subvolume's name as recorded (perhaps damaged), or a key */
 } CatalogDamage;
 
 int catalog_damaged_records(Store *s, bool live_only, CatalogDamage **ret, size_t *ret_n, uint64_t *ret_checked);
+/* Writes a damaged record of a setting, a counter or a pack anew, from
+ * what can still be known; -EUCLEAN for those that cannot be (the store's
+ * identity; a subvolume's or a layer's: deleting the subvolume mends it). */
+int catalog_mend_record(Store *s, const CatalogDamage *d);
+/* -EUCLEAN if the record of the store's format, UUID or secret is damaged. */
+int catalog_check_identity(Store *s);
 /* The id of a subvolume of this name whose record is damaged, and the
  * removal of that record: a delete of it. Deleted or not: that flag of a
  * damaged record is not to be believed either. -ENOENT if there is none. */
@@ -325,6 +339,11 @@ uint64_t layer_reclaimable_bytes(Store *s, uint64_t id);
 #define SUBVOLUME_CHECK SUBVOLUME_CHECK_OF("")
 #define LAYER_CHECK_OF(row) \
         "cowbox_check('layer', " row "id, " row "parent, " row "created_usec, " row "made)"
+/* And the rest of the catalog's own rows: the store's identity and
+ * settings, its counters, its pack files. */
+#define META_CHECK_OF(row) "cowbox_check('meta', " row "key, " row "value)"
+#define COUNTER_CHECK_OF(row) "cowbox_check('counter', " row "key, " row "value)"
+#define PACK_CHECK_OF(row) "cowbox_check('pack', " row "id, " row "created_usec)"
 
 /* Registers cowbox_check() on a connection: every connection that reads
  * or writes checked rows needs it. */

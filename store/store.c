@@ -348,6 +348,8 @@ int store_open(const char *path, Store **ret) {
         if (r < 0)
                 return r;
         r = catalog_upgrade(s);
+        if (r >= 0)
+                r = catalog_check_identity(s);
         if (r < 0)
                 return r;
         r = packs_new(s, &s->packs);
@@ -1096,7 +1098,9 @@ int store_usage(Store *s, StoreUsage *ret) {
                         return r;
                 ret->deleted_subvolumes = (uint64_t) v;
                 v = 0;
-                r = sqlite_query_int(s->catalog, "SELECT value FROM counters WHERE key = 'corruption_events'", &v);
+                /* Damaged, it counts for nothing (scrub names it). */
+                r = sqlite_query_int(s->catalog, "SELECT value FROM counters WHERE key = 'corruption_events' "
+                                                 "AND row_check IS " COUNTER_CHECK_OF("counters."), &v);
                 if (r < 0)
                         return r;
         }

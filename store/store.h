@@ -268,7 +268,7 @@ int store_log_to_file(Store *s);
 typedef struct StoreDamage {
         uint64_t pack;
         uint64_t offset;
-        char digest[33];        /* hex; for damaged metadata, the layer it is in */
+        char digest[65];        /* hex; for damaged metadata, the layer or catalog record it is in */
         const char *reason;     /* "checksum mismatch", "truncated record", ... */
         const char *subvolume;  /* one call per (subvolume, path) that uses the block */
         const char *path;       /* NULL if no file uses it any more */

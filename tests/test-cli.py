@@ -554,7 +554,8 @@ def test_daemon_store_errors(store):
     check_mentions(r, 'not empty and holds no store', 'cowboxd --init of a directory with files')
     newer = os.path.join(store.new_dir('daemon-newer'), 'store')
     t.run_command([t.tool(), '--store', newer, 'init'])
-    with sqlite3.connect(os.path.join(newer, 'catalog.db')) as db:
+    db = t.open_catalog(newer)
+    with db:
         db.execute("UPDATE meta SET value = 1000 WHERE key = 'format'")
     db.close()
     r = t.run_command([daemon, '--store', newer], env=env, expect=1)

@@ -367,8 +367,8 @@ def test_lost_layer():
         catalog = sqlite3.connect(J(store.path, 'catalog.db'))
         for (trigger,) in catalog.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'").fetchall():
             catalog.execute(f'DROP TRIGGER {trigger}')
-        catalog.execute('ALTER TABLE subvolumes DROP COLUMN row_check')
-        catalog.execute('ALTER TABLE layers DROP COLUMN row_check')
+        for table in ('subvolumes', 'layers', 'meta', 'counters', 'packs'):
+            catalog.execute(f'ALTER TABLE {table} DROP COLUMN row_check')
         catalog.execute('ALTER TABLE layers DROP COLUMN made')
         catalog.commit()
         catalog.close()
@@ -575,11 +575,72 @@ def test_catalog_record_checks():
         store.run('scrub')
 
 
+def change_keyed_behind_the_back(catalog, table, key, assignment):
+    """change_behind_the_back() for the rows of meta and counters, by key."""
+    (check,) = catalog.execute(f'SELECT row_check FROM {table} WHERE key = ?', (key,)).fetchone()
+    catalog.execute(f'UPDATE {table} SET {assignment} WHERE key = ?', (key,))
+    catalog.execute(f'UPDATE {table} SET row_check = ? WHERE key = ?', (check, key))
+    catalog.commit()
+
+
+def test_catalog_other_records():
+    """The catalog's other records carry checks too: a setting, a counter
+    and a pack file's record changed behind the store's back are not used.
+    A damaged setting reads as its default until set again; a damaged
+    transaction counter refuses snapshots; scrub names each and fails, and
+    fsck --repair writes them anew from what the store knows. A damaged
+    record of the store's identity keeps the store from opening."""
+    with t.Store('records-catalog-other') as store:
+        store.create('a')
+        with store.mount('a') as m:
+            t.write_file(m.p('f'), t.random_bytes(200 * 1024, 7), fsync=True)
+        store.run('reap', '--rate', '5M')
+        t.check_equal(store.json('reap', '--rate', '5M')['rate_bytes_per_sec'], 5 << 20, 'the rate set')
+        (pack,) = [p for (p,) in t.open_catalog(store.path).execute('SELECT id FROM packs')][:1]
+
+        catalog = t.open_catalog(store.path)
+        change_keyed_behind_the_back(catalog, 'meta', 'reaper_rate', 'value = 6 * 1048576')
+        change_keyed_behind_the_back(catalog, 'counters', 'transid', 'value = value + 40')
+        change_behind_the_back(catalog, 'packs', pack, 'created_usec = created_usec + 1')
+        catalog.close()
+
+        settings = store.json('reap', '--resume')
+        t.check_equal(settings['rate_bytes_per_sec'], 0, 'a damaged rate: the default, not the damaged value')
+        r = store.run('subvolume', 'snapshot', '-r', 'a', 'a-snap', expect=None)
+        t.check(r.code != 0 and 'damaged' in r.err, f'a snapshot with a damaged transaction counter:\n{r.describe()}')
+        r = store.run('scrub', expect=1)
+        for what in ('catalog setting reaper_rate', 'catalog counter transid', f'catalog pack {pack}'):
+            t.check(what in r.out, f'scrub with damaged records names {what}:\n{r.describe()}')
+        r = store.fsck(expect=1)
+        t.check('setting reaper_rate fails its checksum' in r.output and 'counter transid' in r.output
+                and f'pack {pack}' in r.output, f'fsck with damaged records:\n{r.output}')
+        with store.mount('a', readonly=True) as m:
+            t.check_bytes(t.read_file(m.p('f')), t.random_bytes(200 * 1024, 7), "a's file beside the damage")
+
+        store.run('fsck', '--repair')
+        store.fsck()
+        store.run('scrub')
+        store.snapshot('a', 'a-snap')
+        transids = [row[0] for row in t.open_catalog(store.path).execute('SELECT ctransid FROM subvolumes')]
+        t.check(len(set(transids)) == len(transids), f'transaction ids after the counter was mended: {transids}')
+        t.check_equal(store.json('reap', '--resume')['rate_bytes_per_sec'], 0, 'the rate once mended')
+        store.run('subvolume', 'delete', 'a')
+        store.reap()
+        store.fsck()
+
+        catalog = t.open_catalog(store.path)
+        change_keyed_behind_the_back(catalog, 'meta', 'uuid', "value = '00000000-0000-4000-8000-000000000000'")
+        catalog.close()
+        r = store.run('subvolume', 'list', expect=None)
+        t.check(r.code != 0 and 'damaged' in r.err, f'a store whose UUID record is damaged:\n{r.describe()}')
+
+
 def run():
     t.require_fuse()
     sub = t.Subtests()
     sub.run('damaged top layers in the catalog', test_catalog_top_layers)
     sub.run('checks of the records of the catalog', test_catalog_record_checks)
+    sub.run('checks of the catalog\'s other records', test_catalog_other_records)
     sub.run('a lost layer database', test_lost_layer)
     sub.run('damaged records', test_damaged_records)
     sub.run('layers without checks', test_layers_without_checks)
