@@ -275,7 +275,20 @@ static int stack_path(const Stack *st, uint64_t ino, char **ret) {
 /* Calls fn for the stack of every live subvolume. */
 typedef int (*stack_fn)(Store *s, const Stack *st, void *userdata);
 
-static int for_each_stack(Store *s, const StoreScrubStats *stats, stack_fn fn, void *userdata) {
+/* Whether a stack that cannot be read stands on a damaged record of a
+ * subvolume or a layer, which scrub reports by itself: a damaged setting,
+ * say, explains no broken stack. */
+static bool stack_damage_known(Store *s) {
+        CatalogDamage *damage = NULL;
+        size_t n = 0;
+
+        if (catalog_damaged_records(s, true, &damage, &n, NULL) < 0)
+                return false;
+        catalog_damage_array_free(damage, n);
+        return n > 0;
+}
+
+static int for_each_stack(Store *s, stack_fn fn, void *userdata) {
         _cleanup_free_ SubvolumeRecord *recs = NULL;
         size_t n = 0;
         int r;
@@ -290,7 +303,7 @@ static int for_each_stack(Store *s, const StoreScrubStats *stats, stack_fn fn, v
                         r = stack_open(s, &recs[i], NULL, &st);
                         /* A stack over a damaged record of the catalog,
                          * which scrub reported already. */
-                        if (r == -EUCLEAN && stats->catalog_rows_damaged > 0)
+                        if (r == -EUCLEAN && stack_damage_known(s))
                                 r = 0;
                         else if (r >= 0)
                                 r = fn(s, &st, userdata);
@@ -368,7 +381,7 @@ static int report_users(Store *s, const Digest *d, StoreDamage *damage, store_da
         DamageReport rep = { .damage = damage, .cb = cb, .userdata = userdata, .stats = stats, .digest = d };
         int r;
 
-        r = for_each_stack(s, stats, report_block_users, &rep);
+        r = for_each_stack(s, report_block_users, &rep);
         if (r < 0)
                 return r;
         if (!rep.reported) {
@@ -679,7 +692,7 @@ static int scrub_layers(Store *s, store_damage_cb cb, void *userdata, StoreScrub
         for (size_t i = 0; r >= 0 && i < n; i++)
                 r = report_unindexed_blocks(s, layers[i], cb, userdata, stats);
         if (r >= 0 && list.n > 0)
-                r = for_each_stack(s, stats, report_damaged_rows,
+                r = for_each_stack(s, report_damaged_rows,
                                    &(DamagedRowsReport) { .list = &list,
                                                           .rep = { .cb = cb, .userdata = userdata, .stats = stats } });
         free(list.rows);

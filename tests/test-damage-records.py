@@ -564,6 +564,25 @@ def test_catalog_record_checks():
         check_listed_damaged(store, ['b'], 'c', f'a damaged record of layer {top_c}')
         r = store.run('scrub', expect=1)
         t.check(f'catalog layer {top_c}' in r.out, f'scrub with a damaged record of layer {top_c}:\n{r.describe()}')
+        # A damaged row of b's layer is named with the files of every stack
+        # that uses it; c's, which cannot be read for the damaged record,
+        # is passed by, not the end of the scrub.
+        catalog = t.open_catalog(store.path)
+        layer = store.show('b')['top_layer']
+        while not os.path.exists(J(store.path, 'layers', f'{layer}.db')):     # a top never written
+            (layer,) = catalog.execute('SELECT parent FROM layers WHERE id = ?', (layer,)).fetchone()
+        catalog.close()
+        db = layer_db(store, layer)
+        who = ino_of(db, 1, 'who')
+        db.execute('UPDATE inodes SET uid = uid + 1 WHERE ino = ?', (who,))
+        db.commit()
+        r = store.run('scrub', expect=1)
+        t.check(re.search(r'Subvolume: +b\n +Path: +/who\n', r.out) and f'catalog layer {top_c}' in r.out
+                and re.search(r'Damaged files: +1\n', r.out),
+                f'scrub with a damaged row of b beside the damaged record of layer {top_c}:\n{r.describe()}')
+        db.execute('UPDATE inodes SET uid = uid - 1 WHERE ino = ?', (who,))
+        db.commit()
+        db.close()
         r = store.run('reap', '--wait', expect=None)
         t.check(r.code != 0, f'reap with a damaged record of a live layer:\n{r.describe()}')
         store.run('subvolume', 'delete', 'c')
