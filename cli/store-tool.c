@@ -52,6 +52,13 @@ int report_failure(const char *format, ...) {
         return EXIT_FAILURE;
 }
 
+static bool string_is_printable(const char *s) {
+        for (; *s; s++)
+                if (iscntrl((unsigned char) *s))
+                        return false;
+        return true;
+}
+
 size_t subvolume_list_damaged_last(SubvolumeList *l) {
         size_t sound = 0;
 
@@ -67,10 +74,15 @@ size_t subvolume_list_damaged_last(SubvolumeList *l) {
 }
 
 int report_damaged_subvolumes(const StoreSubvolumeInfo *damaged, size_t n) {
+        /* A damaged record's name may hold anything: not sent to a
+         * terminal as it is. */
         for (size_t i = 0; i < n; i++)
-                report_failure("subvolume '%s' (ID %" PRIu64 ") is left out: the catalog's record of it, or "
+                report_failure("subvolume %s%s%s (ID %" PRIu64 ") is left out: the catalog's record of it, or "
                                "of a layer it stands on, is damaged. '" PROGRAM_NAME " scrub' names the "
-                               "damage; deleting the subvolume mends the store", damaged[i].name, damaged[i].id);
+                               "damage; deleting the subvolume mends the store",
+                               string_is_printable(damaged[i].name) ? "'" : "",
+                               string_is_printable(damaged[i].name) ? damaged[i].name : "of an unprintable name",
+                               string_is_printable(damaged[i].name) ? "'" : "", damaged[i].id);
         return n > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
@@ -528,13 +540,6 @@ int command_check_arguments(const Command *cmd, int argc, char *argv[], int min,
                 return report_usage_error(cmd, "unexpected argument '%s' for '%s' (usage: " PROGRAM_NAME " %s%s%s)",
                                           argv[optind + max], cmd->name, cmd->name, space, synopsis);
         return 0;
-}
-
-static bool string_is_printable(const char *s) {
-        for (; *s; s++)
-                if (iscntrl((unsigned char) *s))
-                        return false;
-        return true;
 }
 
 int command_check_name(const Command *cmd, const char *name) {

@@ -443,15 +443,6 @@ static int check_mount_point(const Workspace *ws) {
         return 0;
 }
 
-static int subvolume_exists(Store *s, const char *subvolume) {
-        StoreSubvolumeInfo info = {};
-        int r;
-
-        r = store_subvolume_show(s, subvolume, &info);
-        store_subvolume_info_clear(&info);
-        return r == -ENOENT ? 0 : r < 0 ? r : 1;
-}
-
 /* A restore switches the workspace over to its new state in two commits,
  * the old state deleted, then the new one renamed: a crash in between
  * leaves the new state under its temporary name and none under the
@@ -466,7 +457,7 @@ static int finish_restore(Store *s, const char *subvolume) {
 
         if (asprintf(&incoming, "%s" WORKSPACE_RESTORING_SUFFIX, subvolume) < 0)
                 return -ENOMEM;
-        r = subvolume_exists(s, subvolume);
+        r = store_subvolume_exists(s, subvolume);
         if (r < 0)
                 return r;
         if (r > 0) {
@@ -501,7 +492,7 @@ int workspace_mount_start(Workspace *ws, Store *s, const char *store_path, int *
         /* Nothing to serve (a crash before its subvolume was made, which
          * RemoveWorkspace clears): said now, not by a server started only
          * to fail, while the workspace would be busy being mounted. */
-        r = subvolume_exists(s, subvolume);
+        r = store_subvolume_exists(s, subvolume);
         if (r <= 0)
                 return ws->mount_error = r < 0 ? r : -ENOENT;
         r = ws->mount_error = check_mount_point(ws);

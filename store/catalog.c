@@ -796,9 +796,10 @@ int catalog_check_identity(Store *s) {
 /* The store's identity is its own and cannot be made again. A setting
  * goes back to its default (a fold's record too: the layer it was making
  * is then a dead one, which the reaper drops). The transaction counter
- * goes on from the highest transaction a subvolume records, and the count
- * of corruption events keeps the value it has. A pack's record is made
- * again from the blocks that name the pack. */
+ * goes on from the highest transaction a subvolume records, or its own
+ * value if higher, never back; the count of corruption events keeps the
+ * value it has. A pack's record is written anew, and one is made for each
+ * pack that blocks name and no record does. */
 int catalog_mend_record(Store *s, const CatalogDamage *d) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         int r;
@@ -818,7 +819,8 @@ int catalog_mend_record(Store *s, const CatalogDamage *d) {
                         return -EUCLEAN;
                 r = sqlite_prepare(s->catalog,
                                    "INSERT OR REPLACE INTO counters(key, value) SELECT ?1, CASE ?1 "
-                                   "  WHEN 'transid' THEN (SELECT coalesce(max(ctransid), 0) FROM subvolumes) "
+                                   "  WHEN 'transid' THEN max(value, (SELECT coalesce(max(ctransid), 0) "
+                                   "                                   FROM subvolumes)) "
                                    "  ELSE max(value, 0) END FROM counters WHERE key = ?1", &st);
                 if (r < 0)
                         return r;
@@ -828,7 +830,12 @@ int catalog_mend_record(Store *s, const CatalogDamage *d) {
                 r = sqlite_begin(s->catalog);
                 if (r < 0)
                         return r;
-                r = sqlite_exec(s->catalog, "DELETE FROM packs WHERE row_check IS NOT " PACK_CHECK_OF("packs.") ";"
+                /* Written anew as they are: an id changed by the damage
+                 * names no file, and the reaper drops it as an empty
+                 * pack; the pack it named gets a record again from its
+                 * blocks. */
+                r = sqlite_exec(s->catalog, "INSERT OR REPLACE INTO packs(id, created_usec) SELECT id, created_usec "
+                                            "FROM packs WHERE row_check IS NOT " PACK_CHECK_OF("packs.") ";"
                                             "INSERT INTO packs(id, created_usec) SELECT DISTINCT pack, 0 FROM blocks "
                                             "WHERE pack NOT IN (SELECT id FROM packs)");
                 if (r >= 0)

@@ -28,6 +28,8 @@
 #include "string-util.h"
 
 #define CLAIM_NAME_MAX 64
+#define CLAIM_BUSY_ATTEMPTS 200
+#define CLAIM_BUSY_RETRY_USEC 5000
 
 struct StoreClaim {
         StoreClaim *next;
@@ -45,22 +47,34 @@ static void claim_file_name(const char *claim, char ret[static CLAIM_NAME_MAX + 
         snprintf(ret, CLAIM_NAME_MAX + 16, "claim-%s.lock", claim);
 }
 
+/* Whether fd is the file the name links to now. */
+static bool fd_is_linked_as(int fd, int dir_fd, const char *name) {
+        struct stat st, now;
+
+        return fstat(fd, &st) >= 0 && st.st_nlink > 0 && fstatat(dir_fd, name, &now, AT_SYMLINK_NOFOLLOW) >= 0 &&
+               st.st_dev == now.st_dev && st.st_ino == now.st_ino;
+}
+
 /* Opens and locks the claim's file. One that a clearing removed between
  * the open and the lock is opened anew: a lock on a file no longer there
- * claims nothing. */
+ * claims nothing. A clearing or a look holds the lock of a claim nobody
+ * holds for an instant only: only one held on is another's. */
 static int claim_lock_file(Store *s, const char *file) {
-        for (;;) {
+        for (unsigned busy = 0;;) {
                 _cleanup_close_ int fd = -EBADF;
-                struct stat st;
 
                 fd = openat(s->locks_fd, file, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
                 if (fd < 0)
                         return -errno;
-                if (flock(fd, LOCK_EX | LOCK_NB) < 0)
-                        return errno == EWOULDBLOCK ? -EEXIST : -errno;
-                if (fstat(fd, &st) < 0)
-                        return -errno;
-                if (st.st_nlink > 0)
+                if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+                        if (errno != EWOULDBLOCK)
+                                return -errno;
+                        if (++busy >= CLAIM_BUSY_ATTEMPTS)
+                                return -EEXIST;
+                        (void) usleep(CLAIM_BUSY_RETRY_USEC);
+                        continue;
+                }
+                if (fd_is_linked_as(fd, s->locks_fd, file))
                         return TAKE_FD(fd);
         }
 }
@@ -164,7 +178,9 @@ int store_claims_clear(Store *s, const char *prefix) {
                 fd = openat(dirfd(d), de->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
                 if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) < 0)
                         continue;
-                if (unlinkat(dirfd(d), de->d_name, 0) >= 0)
+                /* Only the file locked: another clearing may have removed
+                 * it since the open, and a claim taken a new one. */
+                if (fd_is_linked_as(fd, dirfd(d), de->d_name) && unlinkat(dirfd(d), de->d_name, 0) >= 0)
                         removed++;
         }
         return removed;

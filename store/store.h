@@ -135,6 +135,9 @@ int store_subvolume_list(Store *s, StoreSubvolumeInfo **ret, size_t *ret_n);
 int store_subvolume_show(Store *s, const char *name, StoreSubvolumeInfo *ret);
 /* Only the names of the live subvolumes, sorted: a NULL-terminated array. */
 int store_subvolume_names(Store *s, char ***ret);
+/* 1 if a live subvolume has this name, 0 if none has, -EUCLEAN if its
+ * record is damaged; reads the catalog alone. */
+int store_subvolume_exists(Store *s, const char *name);
 
 /* Makes a subvolume read-only (its top layer is frozen) or writable again.
  * -EBUSY if it is mounted. */
