@@ -157,33 +157,56 @@ static bool has_column(sqlite3 *db, const char *table, const char *column) {
         return sqlite_prepare(db, sql, &st) >= 0;
 }
 
-/* Indexes added since the first stores were made. */
-static int add_index(sqlite3 *db, const char *name, const char *sql) {
+/* 1 if the schema has an index or trigger (type) of this name. */
+static int schema_has(sqlite3 *db, const char *type, const char *name) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         int r;
 
-        r = sqlite_prepare(db, "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?1", &st);
+        r = sqlite_prepare(db, "SELECT 1 FROM sqlite_master WHERE type = ?1 AND name = ?2", &st);
         if (r < 0)
                 return r;
-        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
-        r = sqlite_step_row(st);
+        sqlite3_bind_text(st, 1, type, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+        return sqlite_step_row(st);
+}
+
+/* Indexes added since the first stores were made. */
+static int add_index(sqlite3 *db, const char *name, const char *sql) {
+        int r;
+
+        r = schema_has(db, "index", name);
         if (r != 0)
                 return r < 0 ? r : 0;
         return sqlite_exec(db, sql);
 }
 
-/* Layers of a store made before they said whether their database was
- * made: those whose file is there now were. */
-static int upgrade_layers_made(Store *s) {
-        _cleanup_stmt_ sqlite3_stmt *ids = NULL, *mark = NULL;
+/* Runs an upgrade step in one transaction, unless done says another
+ * process did it meanwhile. */
+static int upgrade_step(Store *s, bool (*done)(sqlite3 *db), int (*apply)(Store *s)) {
         int r;
 
         r = sqlite_exec(s->catalog, "BEGIN IMMEDIATE");
         if (r < 0)
                 return r;
-        /* Another process may have done it meanwhile. */
-        if (has_column(s->catalog, "layers", "made"))
-                return sqlite_commit(s->catalog);
+        if (!done(s->catalog))
+                r = apply(s);
+        if (r >= 0)
+                r = sqlite_commit(s->catalog);
+        if (r < 0)
+                sqlite_rollback(s->catalog);
+        return r;
+}
+
+static bool layers_say_made(sqlite3 *db) {
+        return has_column(db, "layers", "made");
+}
+
+/* Layers of a store made before they said whether their database was
+ * made: those whose file is there now were. */
+static int add_layers_made(Store *s) {
+        _cleanup_stmt_ sqlite3_stmt *ids = NULL, *mark = NULL;
+        int r;
+
         r = sqlite_exec(s->catalog, "ALTER TABLE layers ADD COLUMN" LAYER_MADE_COLUMN_SQL);
         if (r >= 0)
                 r = sqlite_prepare(s->catalog, "SELECT id FROM layers", &ids);
@@ -199,61 +222,33 @@ static int upgrade_layers_made(Store *s) {
                         r = sqlite_step_done(mark);
                 }
         }
-        if (r >= 0)
-                r = sqlite_commit(s->catalog);
-        if (r < 0)
-                sqlite_rollback(s->catalog);
         return r;
 }
 
-/* Checks for the rows of a store made before them, in one transaction. */
-static int upgrade_row_checks(Store *s) {
-        int r;
-
-        r = sqlite_exec(s->catalog, "BEGIN IMMEDIATE");
-        if (r < 0)
-                return r;
-        /* Another process may have done it meanwhile. */
-        if (has_column(s->catalog, "subvolumes", "row_check"))
-                return sqlite_commit(s->catalog);
-        r = sqlite_exec(s->catalog,
-                        "ALTER TABLE subvolumes ADD COLUMN" CHECKED_COLUMN_SQL ";"
-                        "ALTER TABLE layers ADD COLUMN" CHECKED_COLUMN_SQL ";"
-                        CATALOG_CHECK_TRIGGERS_SQL
-                        "UPDATE subvolumes SET row_check = " SUBVOLUME_CHECK ";"
-                        "UPDATE layers SET row_check = " LAYER_CHECK_OF("layers.") ";");
-        if (r >= 0)
-                r = sqlite_commit(s->catalog);
-        if (r < 0)
-                sqlite_rollback(s->catalog);
-        return r;
+static bool row_checks_kept(sqlite3 *db) {
+        return has_column(db, "subvolumes", "row_check");
 }
 
-static bool has_trigger(sqlite3 *db, const char *name) {
-        _cleanup_stmt_ sqlite3_stmt *st = NULL;
-
-        if (sqlite_prepare(db, "SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = ?1", &st) < 0)
-                return false;
-        sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
-        return sqlite_step_row(st) > 0;
+/* Checks for the rows of a store made before them. */
+static int add_row_checks(Store *s) {
+        return sqlite_exec(s->catalog,
+                           "ALTER TABLE subvolumes ADD COLUMN" CHECKED_COLUMN_SQL ";"
+                           "ALTER TABLE layers ADD COLUMN" CHECKED_COLUMN_SQL ";"
+                           CATALOG_CHECK_TRIGGERS_SQL
+                           "UPDATE subvolumes SET row_check = " SUBVOLUME_CHECK ";"
+                           "UPDATE layers SET row_check = " LAYER_CHECK_OF("layers.") ";");
 }
 
 /* Whether the catalog's other rows have their checks, kept by triggers. */
 static bool other_row_checks_kept(sqlite3 *db) {
-        return has_column(db, "meta", "row_check") && has_trigger(db, "packs_checked_update");
+        return has_column(db, "meta", "row_check") && schema_has(db, "trigger", "packs_checked_update") > 0;
 }
 
 /* Checks for the catalog's other rows, of a store made before them: the
  * columns, the triggers, and the checks of the rows as they are. */
-static int upgrade_other_row_checks(Store *s) {
-        int r;
+static int add_other_row_checks(Store *s) {
+        int r = 0;
 
-        r = sqlite_exec(s->catalog, "BEGIN IMMEDIATE");
-        if (r < 0)
-                return r;
-        /* Another process may have done it meanwhile. */
-        if (other_row_checks_kept(s->catalog))
-                return sqlite_commit(s->catalog);
         FOREACH_STRING(table, "meta", "counters", "packs")
                 if (r >= 0 && !has_column(s->catalog, table, "row_check")) {
                         _cleanup_free_ char *sql = NULL;
@@ -263,35 +258,23 @@ static int upgrade_other_row_checks(Store *s) {
                         else
                                 r = sqlite_exec(s->catalog, sql);
                 }
-        if (r >= 0)
-                r = sqlite_exec(s->catalog,
-                                OTHER_CHECK_TRIGGERS_SQL
-                                "UPDATE meta SET row_check = " META_CHECK_OF("meta.") ";"
-                                "UPDATE counters SET row_check = " COUNTER_CHECK_OF("counters.") ";"
-                                "UPDATE packs SET row_check = " PACK_CHECK_OF("packs.") ";");
-        if (r >= 0)
-                r = sqlite_commit(s->catalog);
         if (r < 0)
-                sqlite_rollback(s->catalog);
-        return r;
+                return r;
+        return sqlite_exec(s->catalog,
+                           OTHER_CHECK_TRIGGERS_SQL
+                           "UPDATE meta SET row_check = " META_CHECK_OF("meta.") ";"
+                           "UPDATE counters SET row_check = " COUNTER_CHECK_OF("counters.") ";"
+                           "UPDATE packs SET row_check = " PACK_CHECK_OF("packs.") ";");
 }
 
 /* The first triggers of the checks computed them anew from any row, also
  * from one damaged already, which a change of it then passed for sound. */
-static int upgrade_check_triggers(Store *s) {
-        int64_t current = 0;
-        int r;
+static bool check_triggers_current(sqlite3 *db) {
+        return schema_has(db, "trigger", "subvolumes_sound_update") > 0;
+}
 
-        r = sqlite_query_int(s->catalog, "SELECT count(*) FROM sqlite_master "
-                                         "WHERE type = 'trigger' AND name = 'subvolumes_sound_update'", &current);
-        if (r < 0 || current > 0)
-                return r;
-        r = sqlite_exec(s->catalog, "BEGIN IMMEDIATE;" CATALOG_CHECK_TRIGGERS_SQL);
-        if (r >= 0)
-                r = sqlite_commit(s->catalog);
-        if (r < 0)
-                sqlite_rollback(s->catalog);
-        return r;
+static int add_check_triggers(Store *s) {
+        return sqlite_exec(s->catalog, CATALOG_CHECK_TRIGGERS_SQL);
 }
 
 /* Programs of the format before could not write this one (they lack the
@@ -345,17 +328,19 @@ int catalog_upgrade(Store *s) {
                 if (r < 0)
                         return r;
         }
-        if (!has_column(db, "layers", "made")) {
-                r = upgrade_layers_made(s);
+        /* Each asked first without a transaction: a store opened while
+         * another process writes to its catalog must not wait for it. */
+        if (!layers_say_made(db)) {
+                r = upgrade_step(s, layers_say_made, add_layers_made);
                 if (r < 0)
                         return r;
         }
-        if (!has_column(db, "subvolumes", "row_check"))
-                r = upgrade_row_checks(s);
-        else
-                r = upgrade_check_triggers(s);
+        if (!row_checks_kept(db))
+                r = upgrade_step(s, row_checks_kept, add_row_checks);
+        else if (!check_triggers_current(db))
+                r = upgrade_step(s, check_triggers_current, add_check_triggers);
         if (r >= 0 && !other_row_checks_kept(db))
-                r = upgrade_other_row_checks(s);
+                r = upgrade_step(s, other_row_checks_kept, add_other_row_checks);
         if (r < 0)
                 return r;
         return upgrade_format(s);

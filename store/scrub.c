@@ -699,17 +699,20 @@ static int scrub_layers(Store *s, store_damage_cb cb, void *userdata, StoreScrub
         return r;
 }
 
-static const char *const catalog_record_kinds[] = {
-        [CATALOG_RECORD_SUBVOLUME] = "subvolume",
-        [CATALOG_RECORD_LAYER] = "layer",
-        [CATALOG_RECORD_META] = "setting",
-        [CATALOG_RECORD_COUNTER] = "counter",
-        [CATALOG_RECORD_PACK] = "pack",
+static const struct {
+        const char *name;
+        const char *reason;
+} catalog_record_kinds[] = {
+        [CATALOG_RECORD_SUBVOLUME] = { "subvolume", "damaged catalog record of a subvolume" },
+        [CATALOG_RECORD_LAYER] = { "layer", "damaged catalog record of a layer" },
+        [CATALOG_RECORD_META] = { "setting", "damaged catalog record of a setting of the store" },
+        [CATALOG_RECORD_COUNTER] = { "counter", "damaged catalog record of a counter of the store" },
+        [CATALOG_RECORD_PACK] = { "pack", "damaged catalog record of a pack file" },
 };
 
 /* "subvolume 3", "setting reaper_rate": a damaged record of the catalog. */
 static void catalog_record_name(const CatalogDamage *d, char *buf, size_t size) {
-        const char *kind = d->kind < ELEMENTSOF(catalog_record_kinds) ? catalog_record_kinds[d->kind] : "record";
+        const char *kind = catalog_record_kinds[d->kind].name;
 
         if (d->kind == CATALOG_RECORD_META || d->kind == CATALOG_RECORD_COUNTER)
                 snprintf(buf, size, "%s %s", kind, d->name ?: "?");
@@ -732,15 +735,8 @@ static int scrub_catalog(Store *s, store_damage_cb cb, void *userdata, StoreScru
         stats->rows_damaged += n;
         stats->catalog_rows_damaged += n;
         for (size_t i = 0; i < n; i++) {
-                static const char *const reasons[] = {
-                        [CATALOG_RECORD_SUBVOLUME] = "damaged catalog record of a subvolume",
-                        [CATALOG_RECORD_LAYER] = "damaged catalog record of a layer",
-                        [CATALOG_RECORD_META] = "damaged catalog record of a setting of the store",
-                        [CATALOG_RECORD_COUNTER] = "damaged catalog record of a counter of the store",
-                        [CATALOG_RECORD_PACK] = "damaged catalog record of a pack file",
-                };
                 StoreDamage d = {
-                        .reason = reasons[damage[i].kind],
+                        .reason = catalog_record_kinds[damage[i].kind].reason,
                         .subvolume = damage[i].kind == CATALOG_RECORD_SUBVOLUME ? damage[i].name : NULL,
                 };
                 char what[sizeof d.digest - 8];
