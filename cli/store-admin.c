@@ -180,10 +180,7 @@ static int verb_usage(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (r != 0)
                 return r;
 
-        r = store_subvolume_list(store, &list.items, &list.n);
-        if (r < 0)
-                return report_failure("cannot list the subvolumes of %s: %s", store_path(store), error_text(r));
-        r = store_usage(store, &totals.usage);
+        r = store_usage_listed(store, &totals.usage, &list.items, &list.n);
         if (r < 0)
                 return report_failure("cannot measure the space of %s: %s", store_path(store), error_text(r));
 

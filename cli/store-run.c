@@ -18,18 +18,6 @@
 
 #define LIST_MAX 64
 
-static int parse_number(const char *text, uint64_t *ret) {
-        char *end = NULL;
-        unsigned long long v;
-
-        errno = 0;
-        v = strtoull(text, &end, 10);
-        if (errno || !end || *end || end == text || text[0] == '-')
-                return -EINVAL;
-        *ret = v;
-        return 0;
-}
-
 static int parse_user(const char *text, uid_t *uid, gid_t *gid) {
         uint64_t u, g;
         char buf[64], *colon;

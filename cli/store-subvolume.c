@@ -42,11 +42,18 @@ static const Field subvolume_fields[] = {
 /* What delete reports. */
 typedef struct DeleteResult {
         const char *name;
+        uint64_t id;            /* when deleted by ID */
         bool reaper_started;
 } DeleteResult;
 
 static const Field delete_fields[] = {
         FIELD("Deleted", "name", FIELD_STRING, DeleteResult, name),
+        FIELD("Reaper started", "reaper_started", FIELD_BOOL, DeleteResult, reaper_started),
+        {}
+};
+
+static const Field delete_id_fields[] = {
+        FIELD("Deleted ID", "id", FIELD_U64, DeleteResult, id),
         FIELD("Reaper started", "reaper_started", FIELD_BOOL, DeleteResult, reaper_started),
         {}
 };
@@ -169,38 +176,77 @@ static int verb_snapshot(Tool *tool, const Command *cmd, int argc, char *argv[])
 
 /* Deletion only marks the subvolume gone; unless told not to, start the
  * reaper now, so that the space comes back without anyone asking. */
-static bool start_reaper(Store *store, const char *name) {
+static bool start_reaper(Store *store, const char *what) {
         int r;
 
         r = store_reap_in_background(store);
         if (r < 0) {
-                report_warning("subvolume '%s' is deleted, but the reaper did not start (%s), ignoring; "
-                               "run '" PROGRAM_NAME " reap' to free its space", name, error_text(r));
+                report_warning("%s is deleted, but the reaper did not start (%s), ignoring; run '"
+                               PROGRAM_NAME " reap' to free its space", what, error_text(r));
                 return false;
         }
         return true;
 }
 
-static void print_deleted_text(const char *name, bool reap, bool reaper_started) {
+static void print_deleted_text(const char *what, bool reap, bool reaper_started) {
         if (reaper_started)
-                printf("Deleted subvolume '%s'; the reaper frees its space in the background.\n", name);
+                printf("Deleted %s; the reaper frees its space in the background.\n", what);
         else if (!reap)
-                printf("Deleted subvolume '%s'; its space is freed by the next '" PROGRAM_NAME " reap'.\n",
-                       name);
+                printf("Deleted %s; its space is freed by the next '" PROGRAM_NAME " reap'.\n", what);
         else
-                printf("Deleted subvolume '%s'.\n", name);
+                printf("Deleted %s.\n", what);
+}
+
+static int delete_by_id(Store *store, const char *text, DeleteResult *result, char *what, size_t size) {
+        char process[PROCESS_DESCRIPTION_MAX];
+        pid_t holder = 0;
+        int r;
+
+        if (parse_number(text, &result->id) < 0 || result->id == 0 || result->id > INT64_MAX)
+                return report_failure("'%s' is not a subvolume ID: 'subvolume list' shows them", text);
+        snprintf(what, size, "subvolume ID %" PRIu64, result->id);
+
+        r = store_subvolume_delete_id(store, result->id, &holder);
+        if (r == -ENOENT)
+                return report_failure("no subvolume has ID %" PRIu64 " in this store (list them with '"
+                                      PROGRAM_NAME " subvolume list')", result->id);
+        if (r == -EBUSY)
+                return report_failure("%s is mounted by %s; unmount it (fusermount3 -u MOUNTPOINT) or stop "
+                                      "that process, then delete it", what, describe_process(holder, process));
+        if (r < 0)
+                return report_failure("cannot delete %s: %s", what, error_text(r));
+        return EXIT_SUCCESS;
+}
+
+static int delete_by_name(Store *store, const char *name, char *what, size_t size) {
+        pid_t holder = 0;
+        int r;
+
+        snprintf(what, size, "subvolume '%s'", name);
+        r = store_subvolume_delete(store, name, &holder);
+        if (r == -ENOENT)
+                return report_no_subvolume(name);
+        if (r == -EBUSY)
+                return report_subvolume_busy(name, holder, "unmount it (fusermount3 -u MOUNTPOINT) or stop "
+                                             "that process, then delete it");
+        if (r < 0)
+                return report_failure("cannot delete subvolume '%s': %s", name, error_text(r));
+        return EXIT_SUCCESS;
 }
 
 static int verb_delete(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         _cleanup_store_ Store *store = NULL;
+        char what[STORE_NAME_MAX + 32];
         DeleteResult result = {};
-        pid_t holder = 0;
-        bool reap = true;
+        bool reap = true, by_id = false;
         int c, r;
 
-        while ((c = command_getopt(tool, cmd, argc, argv)) > 0)
+        while ((c = command_getopt(tool, cmd, argc, argv)) > 0) {
                 if (c == ARG_NO_REAP)
                         reap = false;
+                else if (c == ARG_ID)
+                        by_id = true;
+        }
         if (c < 0)
                 return options_exit_status(c);
 
@@ -208,31 +254,29 @@ static int verb_delete(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (r != 0)
                 return r;
         result.name = argv[optind];
-        r = command_check_name(cmd, result.name);
-        if (r != 0)
-                return r;
+        if (!by_id) {
+                r = command_check_name(cmd, result.name);
+                if (r != 0)
+                        return r;
+        }
 
         r = tool_open_store(tool, &store);
         if (r != 0)
                 return r;
 
-        r = store_subvolume_delete(store, result.name, &holder);
-        if (r == -ENOENT)
-                return report_no_subvolume(result.name);
-        if (r == -EBUSY)
-                return report_subvolume_busy(result.name, holder, "unmount it (fusermount3 -u "
-                                             "MOUNTPOINT) or stop that process, then delete it");
-        if (r < 0)
-                return report_failure("cannot delete subvolume '%s': %s", result.name, error_text(r));
+        r = by_id ? delete_by_id(store, result.name, &result, what, sizeof what)
+                  : delete_by_name(store, result.name, what, sizeof what);
+        if (r != EXIT_SUCCESS)
+                return r;
 
         if (reap)
-                result.reaper_started = start_reaper(store, result.name);
+                result.reaper_started = start_reaper(store, what);
 
         if (tool->json) {
-                _cleanup_json_ json_t *doc = record_to_json(delete_fields, &result);
+                _cleanup_json_ json_t *doc = record_to_json(by_id ? delete_id_fields : delete_fields, &result);
                 return json_print(doc);
         }
-        print_deleted_text(result.name, reap, result.reaper_started);
+        print_deleted_text(what, reap, result.reaper_started);
         return EXIT_SUCCESS;
 }
 
@@ -391,22 +435,29 @@ static const Command subvolume_snapshot = {
 
 static const Command subvolume_delete = {
         .name = "subvolume delete",
-        .synopsis = "[--no-reap] NAME",
+        .synopsis = "[--no-reap] [--id] NAME",
         .summary = "Delete a subvolume, at once; its space is freed in the background.",
         .description =
                 "Deletion marks the subvolume deleted in one transaction and returns. The reaper\n"
                 "then frees the space that only this subvolume used: it is started in the\n"
                 "background unless --no-reap is given (see '" PROGRAM_NAME " reap'). Snapshots\n"
                 "of the subvolume are not affected. A subvolume mounted writable cannot be\n"
-                "deleted: unmount it first with 'fusermount3 -u MOUNTPOINT'.\n",
+                "deleted: unmount it first with 'fusermount3 -u MOUNTPOINT'.\n"
+                "\n"
+                "A subvolume whose record in the catalog is damaged (see 'subvolume list' and\n"
+                "'" PROGRAM_NAME " scrub') cannot be used, and the reaper frees nothing while\n"
+                "it is there: deleting it removes the record at once. When the damage has made\n"
+                "its name unusable, --id deletes it by its ID.\n",
         .options = (const CommandOption[]) {
                 { ARG_NO_REAP, "no-reap", NULL, "do not start the reaper: the space stays in use\n"
                   "until '" PROGRAM_NAME " reap' runs" },
+                { ARG_ID, "id", NULL, "NAME is the subvolume's ID, as 'subvolume list' shows it" },
                 {}
         },
         .examples = (const char *const[]) {
                 PROGRAM_NAME " subvolume delete build-1234",
                 PROGRAM_NAME " subvolume delete --no-reap build-1234 && " PROGRAM_NAME " reap --wait",
+                PROGRAM_NAME " subvolume delete --id 17",
                 NULL,
         },
         .flags = COMMAND_JSON,
@@ -427,7 +478,8 @@ static const Command subvolume_list = {
                 "A subvolume whose record in the catalog, or that of a layer it stands on, is\n"
                 "damaged is left out of the table and named on standard error (in the JSON, in\n"
                 "\"damaged\", with its id), and the exit status is 1: 'scrub' tells more, and\n"
-                "deleting the subvolume mends the store.\n",
+                "deleting the subvolume (by name, or with 'subvolume delete --id ID') mends the\n"
+                "store.\n",
         .examples = (const char *const[]) {
                 PROGRAM_NAME " subvolume list",
                 PROGRAM_NAME " --json subvolume list",

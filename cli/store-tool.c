@@ -79,10 +79,11 @@ int report_damaged_subvolumes(const StoreSubvolumeInfo *damaged, size_t n) {
         for (size_t i = 0; i < n; i++)
                 report_failure("subvolume %s%s%s (ID %" PRIu64 ") is left out: the catalog's record of it, or "
                                "of a layer it stands on, is damaged. '" PROGRAM_NAME " scrub' names the "
-                               "damage; deleting the subvolume mends the store",
+                               "damage; deleting the subvolume ('" PROGRAM_NAME " subvolume delete --id %"
+                               PRIu64 "') mends the store",
                                string_is_printable(damaged[i].name) ? "'" : "",
                                string_is_printable(damaged[i].name) ? damaged[i].name : "of an unprintable name",
-                               string_is_printable(damaged[i].name) ? "'" : "", damaged[i].id);
+                               string_is_printable(damaged[i].name) ? "'" : "", damaged[i].id, damaged[i].id);
         return n > 0 ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
@@ -934,6 +935,21 @@ int main(int argc, char *argv[]) {
 
         r = dispatch(&tool, commands, NULL, argc - optind, argv + optind);
         return finish_output(r);
+}
+
+int parse_number(const char *text, uint64_t *ret) {
+        char *end = NULL;
+        unsigned long long v;
+
+        /* strtoull() would take "-1" as 2^64 - 1. */
+        if (!isdigit((unsigned char) text[0]))
+                return -EINVAL;
+        errno = 0;
+        v = strtoull(text, &end, 10);
+        if (errno || *end)
+                return -EINVAL;
+        *ret = v;
+        return 0;
 }
 
 /* SIZE: a number of bytes with an optional binary unit (K, M, G, T, with or

@@ -62,6 +62,7 @@ enum {
         ARG_STORE,
         ARG_VERSION,
         ARG_NO_REAP,
+        ARG_ID,
         ARG_WAIT,
         ARG_REPAIR,
         ARG_BACKGROUND,
@@ -195,6 +196,8 @@ const char *describe_process(pid_t pid, char buf[static PROCESS_DESCRIPTION_MAX]
 /* Opens the store the global options chose: EXIT_SUCCESS or (reported) EXIT_FAILURE. */
 int tool_open_store(const Tool *tool, Store **ret);
 
+/* A decimal number without sign or unit. */
+int parse_number(const char *text, uint64_t *ret);
 /* SIZE: bytes with an optional binary unit (K, M, G, T, with or without
  * "iB"), or "none" or 0 for no limit. -EINVAL or -ERANGE otherwise. */
 int parse_size(const char *text, uint64_t *ret);

@@ -560,14 +560,10 @@ int store_subvolume_snapshot_as(Store *s, const char *source, const char *name, 
 /* A subvolume whose record is damaged cannot be used, and keeps the
  * reaper from freeing anything: deleting it removes the record at once.
  * The reaper then frees what only it held, as far as it can tell. */
-static int delete_damaged(Store *s, const char *name, pid_t *ret_holder) {
+static int delete_damaged(Store *s, uint64_t id, pid_t *ret_holder) {
         _cleanup_close_ int lock_fd = -EBADF;
-        uint64_t id;
         int r;
 
-        r = catalog_damaged_subvolume_id(s, name, &id);
-        if (r < 0)
-                return r;
         /* A server that mounted it before the damage still serves it. */
         lock_fd = subvolume_lock_full(s, id, true, SUBVOLUME_LOCK_BRIEF, ret_holder);
         if (lock_fd < 0)
@@ -575,32 +571,22 @@ static int delete_damaged(Store *s, const char *name, pid_t *ret_holder) {
         r = catalog_remove_damaged_subvolume(s, id);
         if (r < 0)
                 return r;
-        store_log("subvolume '%s' (%" PRIu64 "), whose record in the catalog was damaged, is deleted", name, id);
+        store_log("subvolume %" PRIu64 ", whose record in the catalog was damaged, is deleted", id);
         return 0;
 }
 
-int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
-        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+static int delete_record(Store *s, const SubvolumeRecord *rec, pid_t *ret_holder) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         _cleanup_close_ int lock_fd = -EBADF;
         int r;
 
-        if (!store_name_is_valid(name))
-                return -EINVAL;
-        r = catalog_find_subvolume(s, name, &rec);
-        if (r == -EUCLEAN || r == -ENOENT) {
-                int k = delete_damaged(s, name, ret_holder);
-                return k == -ENOENT ? r : k;
-        }
-        if (r < 0)
-                return r;
         /* Deleting is how a full disk is cleaned up: a long-lived process
          * (cowboxd) opened the store when there was room. */
         space_update(s);
 
         /* Held for one update only: another delete, or a snapshot, of it
          * waits and then finds it gone, rather than be told it is mounted. */
-        lock_fd = subvolume_lock_full(s, rec.id, true, SUBVOLUME_LOCK_BRIEF, ret_holder);
+        lock_fd = subvolume_lock_full(s, rec->id, true, SUBVOLUME_LOCK_BRIEF, ret_holder);
         if (lock_fd < 0)
                 return lock_fd;
 
@@ -608,11 +594,42 @@ int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
         r = sqlite_prepare(s->catalog, "UPDATE subvolumes SET deleted = 1 WHERE id = ?1 AND deleted = 0", &st);
         if (r < 0)
                 return r;
-        sqlite3_bind_int64(st, 1, (sqlite3_int64) rec.id);
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) rec->id);
         r = sqlite_step_done(st);
         if (r < 0)
                 return r;
         return sqlite3_changes(s->catalog) > 0 ? 0 : -ENOENT;
+}
+
+int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+        uint64_t id;
+        int r;
+
+        if (!store_name_is_valid(name))
+                return -EINVAL;
+        r = catalog_find_subvolume(s, name, &rec);
+        if (r == -EUCLEAN || r == -ENOENT) {
+                int k = catalog_damaged_subvolume_id(s, name, &id);
+                if (k >= 0)
+                        k = delete_damaged(s, id, ret_holder);
+                return k == -ENOENT ? r : k;
+        }
+        if (r < 0)
+                return r;
+        return delete_record(s, &rec, ret_holder);
+}
+
+int store_subvolume_delete_id(Store *s, uint64_t id, pid_t *ret_holder) {
+        _cleanup_(subvolume_record_clear) SubvolumeRecord rec = {};
+        int r;
+
+        r = catalog_find_subvolume_by_id(s, id, &rec);
+        if (r == -EUCLEAN)
+                return delete_damaged(s, id, ret_holder);
+        if (r < 0)
+                return r;
+        return delete_record(s, &rec, ret_holder);
 }
 
 static int set_quota_record(Store *s, const char *name, uint64_t bytes, uint64_t *ret_id) {
@@ -1076,20 +1093,19 @@ int store_space(Store *s, StoreSpace *ret) {
 int store_usage(Store *s, StoreUsage *ret) {
         StoreSubvolumeInfo *infos = NULL;
         size_t n = 0;
-        int64_t v;
         int r;
 
-        *ret = (StoreUsage) {};
+        r = store_usage_listed(s, ret, &infos, &n);
+        if (r >= 0)
+                store_subvolume_info_array_free(infos, n);
+        return r;
+}
 
-        r = store_subvolume_list(s, &infos, &n);
-        if (r < 0)
-                return r;
-        ret->subvolumes = n;
-        for (size_t i = 0; i < n; i++) {
-                ret->logical_bytes += infos[i].logical_bytes;
-                ret->damaged_subvolumes += infos[i].damaged;
-        }
-        store_subvolume_info_array_free(infos, n);
+/* What the catalog and the host file system say; the caller sums the
+ * listing. */
+static int usage_of_catalog(Store *s, StoreUsage *ret) {
+        int64_t v;
+        int r;
 
         r = catalog_block_totals(s, &ret->blocks, &ret->data_bytes);
         if (r < 0)
@@ -1119,5 +1135,30 @@ int store_usage(Store *s, StoreUsage *ret) {
                         return r;
         }
         ret->corruption_events = (uint64_t) v;
+        return 0;
+}
+
+int store_usage_listed(Store *s, StoreUsage *ret, StoreSubvolumeInfo **ret_infos, size_t *ret_n) {
+        StoreSubvolumeInfo *infos = NULL;
+        size_t n = 0;
+        int r;
+
+        *ret = (StoreUsage) {};
+
+        r = store_subvolume_list(s, &infos, &n);
+        if (r < 0)
+                return r;
+        ret->subvolumes = n;
+        for (size_t i = 0; i < n; i++) {
+                ret->logical_bytes += infos[i].logical_bytes;
+                ret->damaged_subvolumes += infos[i].damaged;
+        }
+        r = usage_of_catalog(s, ret);
+        if (r < 0) {
+                store_subvolume_info_array_free(infos, n);
+                return r;
+        }
+        *ret_infos = infos;
+        *ret_n = n;
         return 0;
 }

@@ -121,6 +121,9 @@ int store_uuid_new(char ret[static 37]);
  * frees its space later. -EBUSY if it is mounted (ret_holder then names
  * the pid). */
 int store_subvolume_delete(Store *s, const char *name, pid_t *ret_holder);
+/* The same by ID: the way to a damaged record whose name is no longer a
+ * valid one. */
+int store_subvolume_delete_id(Store *s, uint64_t id, pid_t *ret_holder);
 
 /* Sets the limit of the subvolume's logical bytes (0: none). A server that
  * has it mounted applies the new limit within a few seconds. Lowering it
@@ -194,6 +197,10 @@ typedef struct StoreUsage {
 } StoreUsage;
 
 int store_usage(Store *s, StoreUsage *ret);
+/* The same, and the listing it was summed from (store_subvolume_list()),
+ * so that a caller showing both reads the layers once and its rows add up
+ * to its totals. */
+int store_usage_listed(Store *s, StoreUsage *ret, StoreSubvolumeInfo **ret_infos, size_t *ret_n);
 
 /* The reaper: forgets deleted subvolumes, folds layers that have a single
  * child into it, drops layers nothing uses and frees the blocks nothing

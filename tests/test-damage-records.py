@@ -594,6 +594,54 @@ def test_catalog_record_checks():
         store.run('scrub')
 
 
+def test_damaged_name():
+    """A damaged record whose name is no longer a valid one (a flipped bit
+    made a '/' of it) is named by its ID, and deleted by its ID: delete
+    --id mends the store, and the reaper then frees what it held. --id
+    deletes a sound subvolume too, refuses one mounted writable, and
+    says so when no subvolume has the ID."""
+    with t.Store('records-damaged-name') as store:
+        for i, name in enumerate(('a', 'b', 'c')):
+            store.create(name)
+            with store.mount(name) as m:
+                t.write_file(m.p('f'), t.random_bytes(100 * KiB, i), fsync=True)
+        id_a, id_b, id_c = (store.show(n)['id'] for n in ('a', 'b', 'c'))
+        catalog = t.open_catalog(store.path)
+        change_behind_the_back(catalog, 'subvolumes', id_a, "name = 'a/../b'")
+        catalog.close()
+
+        r = store.run('subvolume', 'list', json_output=True, expect=1)
+        t.check_equal(r.json()['damaged'], [{'id': id_a, 'name': 'a/../b'}], 'the damaged record listed')
+        r = store.run('subvolume', 'list', expect=1)
+        t.check(f'delete --id {id_a}' in r.err, f'the listing tells how to delete it:\n{r.describe()}')
+        r = store.run('subvolume', 'delete', 'a/../b', expect=2)
+        t.check('not a valid subvolume name' in r.err, f'delete by the damaged name:\n{r.describe()}')
+
+        for bad in ('x', '0', '1x', str(id_c + 100)):
+            r = store.run('subvolume', 'delete', '--id', bad, expect=1)
+            t.check(('no subvolume has ID' if bad.isdigit() and bad != '0' else 'not a subvolume ID') in r.err,
+                    f'delete --id {bad}:\n{r.describe()}')
+        with store.mount('b'):
+            r = store.run('subvolume', 'delete', '--id', str(id_b), expect=1)
+            t.check(f'subvolume ID {id_b} is mounted by' in r.err, f'delete --id of a mounted one:\n{r.describe()}')
+
+        kept = stored_files(store)
+        doc = store.json('subvolume', 'delete', '--id', str(id_a), '--no-reap')
+        t.check_equal(doc, {'id': id_a, 'reaper_started': False}, 'delete --id of the damaged record in JSON')
+        t.check_equal(store.names(), ['b', 'c'], 'subvolumes once the damaged one was deleted by ID')
+        store.reap()
+        t.check(len(stored_files(store)) < len(kept), 'the reaper freed the layer of the damaged record')
+
+        r = store.run('subvolume', 'delete', '--id', str(id_c))
+        t.check(f'Deleted subvolume ID {id_c}' in r.out, f'delete --id of a sound subvolume:\n{r.describe()}')
+        t.check_equal(store.names(), ['b'], 'subvolumes once c was deleted by ID')
+        store.reap()
+        with store.mount('b', readonly=True) as m:
+            t.check_bytes(t.read_file(m.p('f')), t.random_bytes(100 * KiB, 1), "b's file at the end")
+        store.fsck()
+        store.run('scrub')
+
+
 def change_keyed_behind_the_back(catalog, table, key, assignment):
     """change_behind_the_back() for the rows of meta and counters, by key."""
     (check,) = catalog.execute(f'SELECT row_check FROM {table} WHERE key = ?', (key,)).fetchone()
@@ -660,6 +708,7 @@ def run():
     sub.run('damaged top layers in the catalog', test_catalog_top_layers)
     sub.run('checks of the records of the catalog', test_catalog_record_checks)
     sub.run('checks of the catalog\'s other records', test_catalog_other_records)
+    sub.run('a damaged name, deleted by ID', test_damaged_name)
     sub.run('a lost layer database', test_lost_layer)
     sub.run('damaged records', test_damaged_records)
     sub.run('layers without checks', test_layers_without_checks)
