@@ -95,14 +95,15 @@ static int connect_bus(sd_bus **ret) {
 }
 
 /* cowboxd answers these once a workspace's FUSE server has let go of it
- * (up to 15 s) and a new one serves it (up to 30 s): more than sd-bus's
+ * (up to 15 s) and a new one serves it (up to 90 s), after the start of a
+ * server already under way, if any (up to 90 s): more than sd-bus's
  * default 25 s. Others answer at once, or start a job. */
 static uint64_t call_timeout_usec(const char *method) {
         static const char *const waiting[] = { "CreateWorkspace", "RemoveWorkspace", "RestoreWorkspace" };
 
         for (size_t i = 0; i < ELEMENTSOF(waiting); i++)
                 if (streq(method, waiting[i]))
-                        return 120 * 1000000ULL;
+                        return 240 * 1000000ULL;
         return 0;
 }
 

@@ -105,10 +105,12 @@ struct WorkspaceCall {
         sd_event_source *ready;
         sd_event_source *timer;
         uint64_t deadline_usec;         /* CLOCK_MONOTONIC */
+        WorkspaceCall *after;           /* CALL_SERVE's: a removal or a restore asked for meanwhile */
         WorkspaceCall *next;
 };
 
 static void call_mount(WorkspaceCall *c);
+static void call_begin(Manager *m, WorkspaceCall *c);
 
 static WorkspaceCall *call_free(WorkspaceCall *c) {
         if (!c)
@@ -126,6 +128,7 @@ static WorkspaceCall *call_free(WorkspaceCall *c) {
         free(c->name);
         free(c->label);
         json_decref(c->checkpoints);
+        call_free(c->after);
         free(c);
         return NULL;
 }
@@ -165,20 +168,28 @@ static WorkspaceCall *pending_call(Manager *m, const char *name) {
 
 /* Nothing else may change a workspace that is being switched over,
  * removed or mounted, and a second removal or restore would unmount it
- * again. */
-static int check_not_pending(Manager *m, const char *name, sd_bus_error *error) {
+ * again. A removal or a restore may follow the watch's mount, which
+ * nobody asked for: if ret_serving is given, that mount is returned,
+ * for the call to wait for. */
+static int check_not_pending(Manager *m, const char *name, WorkspaceCall **ret_serving, sd_bus_error *error) {
         static const char *const doing[] = {
                 [CALL_REMOVE] = "removed",
                 [CALL_RESTORE] = "restored from a checkpoint",
                 [CALL_CREATE] = "created",
                 [CALL_SERVE] = "mounted",
         };
-        const WorkspaceCall *c = pending_call(m, name);
+        WorkspaceCall *c = pending_call(m, name);
 
+        if (ret_serving)
+                *ret_serving = NULL;
         if (!c)
                 return 0;
+        if (ret_serving && c->type == CALL_SERVE && !c->after) {
+                *ret_serving = c;
+                return 0;
+        }
         return sd_bus_error_setf(error, API_ERROR_BUSY, "Workspace '%s' is being %s; try again once that is "
-                                 "done.", name, doing[c->type]);
+                                 "done.", name, doing[c->after ? c->after->type : c->type]);
 }
 
 /* The owner may use their own workspace; root and the group any. */
@@ -254,7 +265,7 @@ int method_create_workspace(sd_bus_message *message, void *userdata, sd_bus_erro
                                          api_option_string(opts, "owner", ""));
         r = manager_check_caller(message, error);
         if (r >= 0)
-                r = check_not_pending(m, name, error);
+                r = check_not_pending(m, name, NULL, error);
         if (r < 0)
                 return r;
         if (path) {
@@ -377,9 +388,11 @@ static void call_done(WorkspaceCall *c, int r, sd_bus_error *error) {
         call_free(c);
 }
 
-/* Finishes the call once its workspace's server is ready, or failed. */
+/* Finishes the call once its workspace's server is ready, or failed;
+ * then begins the removal or restore that waited for it. */
 static void call_mounted(WorkspaceCall *c, int mounted) {
         _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        WorkspaceCall *after = TAKE_PTR(c->after);
         Manager *m = c->manager;
         int r = 0;
 
@@ -396,6 +409,8 @@ static void call_mounted(WorkspaceCall *c, int mounted) {
                 break;
         }
         call_done(c, r, &error);
+        if (after)
+                call_begin(m, after);
 }
 
 /* Waits here for the server of a started mount, until the call's
@@ -523,50 +538,92 @@ void manager_stop_workspaces(Manager *m) {
 
                 c->ready = sd_event_source_disable_unref(c->ready);
                 c->timer = sd_event_source_disable_unref(c->timer);
-                if (c->type == CALL_SERVE)
-                        /* Nobody waits for it: the server comes up on its own. */
+                if (c->type == CALL_SERVE) {
+                        /* Nobody waits for it: the server comes up on its
+                         * own. What waited for it is done now, as if it
+                         * had been asked for first. */
+                        WorkspaceCall *after = TAKE_PTR(c->after);
+
                         call_free(c);
-                else if (c->ready_fd >= 0)
+                        if (after)
+                                call_begin(m, after);
+                } else if (c->ready_fd >= 0)
                         call_mounted(c, call_wait_ready(c));
                 else
                         call_released(c, ws ? workspace_wait_released(ws, m->store, c->deadline_usec) : 0);
         }
 }
 
-int method_remove_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        _cleanup_(call_freep) WorkspaceCall *c = NULL;
+/* A removal's first step: what its signals will need, then the unmount. */
+static int remove_begin(Manager *m, Workspace *ws, WorkspaceCall *c) {
         _cleanup_free_ char *subvolume = NULL;
         StoreSubvolumeInfo info = {};
-        Manager *m = userdata;
-        const char *name;
-        Workspace *ws;
-        int r;
 
-        r = sd_bus_message_read(message, "s", &name);
-        if (r < 0)
-                return r;
-        ws = find(m, name, error);
-        if (!ws)
-                return -EINVAL;
-        r = manager_check_caller(message, error);
-        if (r < 0)
-                return r;
-        r = check_not_pending(m, name, error);
-        if (r < 0)
-                return r;
-        c = call_new(message, CALL_REMOVE, name, NULL);
-        if (!c)
-                return -ENOMEM;
         /* Its checkpoints go with it: their names for the signals. */
         if (workspace_checkpoints_json(ws, m->store, &c->checkpoints) < 0)
                 c->checkpoints = NULL;
         /* One listed by a daemon that died before it made the subvolume:
          * no signal announced that, and none says it went. */
-        c->had_subvolume = workspace_subvolume(name, NULL, &subvolume) >= 0 &&
+        c->had_subvolume = workspace_subvolume(ws->name, NULL, &subvolume) >= 0 &&
                            store_subvolume_show(m->store, subvolume, &info) >= 0;
         store_subvolume_info_clear(&info);
-        r = workspace_unmount_start(ws, m->store);
-        return call_wait_released(m, TAKE_PTR(c), r);
+        return workspace_unmount_start(ws, m->store);
+}
+
+/* Unmounts the workspace of a removal or a restore, and goes on once its
+ * server let go. Takes c; its call is answered. */
+static void call_begin(Manager *m, WorkspaceCall *c) {
+        _cleanup_(sd_bus_error_free) sd_bus_error error = SD_BUS_ERROR_NULL;
+        Workspace *ws = find(m, c->name, &error);
+        int r;
+
+        if (!ws) {
+                call_done(c, -ENOENT, &error);
+                return;
+        }
+        if (c->type == CALL_RESTORE) {
+                r = workspace_restore_prepare(&m->workspaces, m->store, c->name, c->label);
+                if (r < 0) {
+                        call_done(c, workspace_error(r, c->name, &error), &error);
+                        return;
+                }
+                r = workspace_unmount_start(ws, m->store);
+        } else
+                r = remove_begin(m, ws, c);
+        (void) call_wait_released(m, c, r);
+}
+
+/* Begins the call now, or once the watch's mount of its workspace is
+ * done. Takes c. */
+static int call_begin_after(Manager *m, WorkspaceCall *c, WorkspaceCall *serving) {
+        if (serving)
+                serving->after = c;
+        else
+                call_begin(m, c);
+        return 1;
+}
+
+int method_remove_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        WorkspaceCall *c, *serving;
+        Manager *m = userdata;
+        const char *name;
+        int r;
+
+        r = sd_bus_message_read(message, "s", &name);
+        if (r < 0)
+                return r;
+        if (!find(m, name, error))
+                return -EINVAL;
+        r = manager_check_caller(message, error);
+        if (r < 0)
+                return r;
+        r = check_not_pending(m, name, &serving, error);
+        if (r < 0)
+                return r;
+        c = call_new(message, CALL_REMOVE, name, NULL);
+        if (!c)
+                return -ENOMEM;
+        return call_begin_after(m, c, serving);
 }
 
 int method_set_workspace_limit(sd_bus_message *message, void *userdata, sd_bus_error *error) {
@@ -584,7 +641,7 @@ int method_set_workspace_limit(sd_bus_message *message, void *userdata, sd_bus_e
                 return sd_bus_error_setf(error, SD_BUS_ERROR_INVALID_ARGS, "That limit is too large; 0 means none.");
         r = manager_check_caller(message, error);
         if (r >= 0)
-                r = check_not_pending(m, name, error);
+                r = check_not_pending(m, name, NULL, error);
         if (r < 0)
                 return r;
         r = workspace_set_limit(&m->workspaces, m->store, name, bytes);
@@ -607,7 +664,7 @@ int method_checkpoint_workspace(sd_bus_message *message, void *userdata, sd_bus_
                 return workspace_error(-EINVAL, label, error);
         r = check_owner_or_admin(message, ws, error);
         if (r >= 0)
-                r = check_not_pending(m, name, error);
+                r = check_not_pending(m, name, NULL, error);
         if (r < 0)
                 return r;
         r = workspace_checkpoint(&m->workspaces, m->store, name, label);
@@ -618,7 +675,7 @@ int method_checkpoint_workspace(sd_bus_message *message, void *userdata, sd_bus_
 }
 
 int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
-        WorkspaceCall *c;
+        WorkspaceCall *c, *serving;
         Manager *m = userdata;
         const char *name, *label;
         Workspace *ws;
@@ -635,19 +692,13 @@ int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_err
         r = check_owner_or_admin(message, ws, error);
         if (r < 0)
                 return r;
-        r = check_not_pending(m, name, error);
+        r = check_not_pending(m, name, &serving, error);
         if (r < 0)
                 return r;
         c = call_new(message, CALL_RESTORE, name, label);
         if (!c)
                 return -ENOMEM;
-        r = workspace_restore_prepare(&m->workspaces, m->store, name, label);
-        if (r < 0) {
-                call_free(c);
-                return workspace_error(r, name, error);
-        }
-        r = workspace_unmount_start(ws, m->store);
-        return call_wait_released(m, c, r);
+        return call_begin_after(m, c, serving);
 }
 
 int method_list_checkpoints(sd_bus_message *message, void *userdata, sd_bus_error *error) {

@@ -794,6 +794,65 @@ def check_mount_waits_aside(dev):
         store.fsck()
 
 
+def held_by_the_dead(store, subvolume):
+    """held_as_if_folded(), the lock file naming a process that is gone: no
+    mount holds the subvolume then, and the watch serves it."""
+    gone = subprocess.Popen(['true'])
+    gone.wait()
+    lock, release = held_as_if_folded(store, subvolume)
+    with open(lock, 'w') as f:
+        f.write(f'{gone.pid} brief\n')
+    return lock, release
+
+
+def check_watch_mount_then_change(dev):
+    """The watch serves a workspace whose server died. While that server
+    waits for its subvolume (a fold holds it), nobody asked for the mount:
+    a removal or a restore asked for meanwhile is not refused, but done
+    once the mount is, and answered then. Other changes are refused as
+    before, and a second removal is told that one is under way."""
+    with t.Store('workspace-watch-mount') as store:
+        make_image(store)
+        with d.bus_and_daemon(store) as (bus, daemon):
+            path = json.loads(d.cowbox(bus, '--json', 'workspace', 'create', 'w', '--image', 'src-main',
+                                       '--owner', 'cowbox-test-dev').out)['path']
+            d.cowbox(bus, 'workspace', 'checkpoint', 'w', 'good', user=dev)
+            for method, args in (('RestoreWorkspace', ('w', 'good')), ('RemoveWorkspace', ('w',))):
+                as_user(bus, dev, 'sh', '-c', f'echo later > {path}/later')
+                server = store.show('workspace-w')['mounted_by']
+                # Still while the server dies and its lock is taken: the
+                # watch must not serve it before.
+                os.kill(daemon.proc.pid, signal.SIGSTOP)
+                release = None
+                try:
+                    os.kill(server, signal.SIGKILL)
+                    lock, release = held_by_the_dead(store, 'workspace-w')
+                    subprocess.run(['umount', '-l', path], check=True)
+                finally:
+                    os.kill(daemon.proc.pid, signal.SIGCONT)
+                try:
+                    wait_for_lock_waiter(lock, daemon)
+                    r = d.gdbus_call(bus, 'SetWorkspaceLimit', 'w', '0', expect='fail')
+                    t.check('is being mounted' in r.err, f'a change while the watch mounts:\n{r.describe()}')
+                    call = call_in_background(bus, method, *args)
+                    time.sleep(1)
+                    t.check(call.poll() is None, f'{method} answered while the watch\'s mount waits')
+                    r = d.cowbox(bus, 'workspace', 'rm', 'w', expect=1)
+                    doing = 'restored' if method == 'RestoreWorkspace' else 'removed'
+                    t.check(f'is being {doing}' in r.err, f'a removal while {method} waits for the watch:\n{r.err}')
+                finally:
+                    release()
+                out, err = call.communicate(timeout=90)
+                t.check_equal((call.returncode, err), (0, ''), f'{method} once the watch\'s mount was done')
+                if method == 'RestoreWorkspace':
+                    t.check(not os.path.exists(path + '/later'), 'a file written after the checkpoint, after '
+                            'a restore that waited for the watch')
+            t.check_equal(workspace_names(bus), [], 'workspaces after the removal')
+            t.check_equal([n for n in store.names() if n.startswith('workspace-')], [],
+                          'subvolumes of the removed workspace')
+        store.fsck()
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -908,6 +967,7 @@ def run():
     check_restore_left_behind(dev)
     check_unmount_waits_aside(dev)
     check_mount_waits_aside(dev)
+    check_watch_mount_then_change(dev)
     check_disk_full()
 
 
