@@ -596,6 +596,30 @@ int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_
                                    " FROM layers WHERE id = ?1", top, ret_ids, ret_n);
 }
 
+int catalog_stack_damaged_layer(Store *s, uint64_t top, uint64_t *ret_layer) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        /* A damaged record's parent may be anything: the walk ends at the
+         * first one, or after as many layers as a stack may have. */
+        r = sqlite_prepare(s->catalog,
+                           "WITH RECURSIVE stack(id, parent, depth, sound) AS ("
+                           "  SELECT id, parent, 0, row_check IS " LAYER_CHECK_OF("layers.") " FROM layers WHERE id = ?1"
+                           "  UNION ALL SELECT layers.id, layers.parent, stack.depth + 1,"
+                           "  layers.row_check IS " LAYER_CHECK_OF("layers.")
+                           "  FROM layers JOIN stack ON layers.id = stack.parent WHERE stack.sound AND stack.depth < 100000) "
+                           "SELECT id FROM stack WHERE NOT sound LIMIT 1", &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) top);
+        r = sqlite_step_row(st);
+        if (r <= 0)
+                return r;
+        *ret_layer = (uint64_t) sqlite3_column_int64(st, 0);
+        return 1;
+}
+
 int catalog_subvolume_stack(Store *s, uint64_t id, uint64_t **ret_ids, size_t *ret_n) {
         int r;
 

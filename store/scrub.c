@@ -276,16 +276,12 @@ static int stack_path(const Stack *st, uint64_t ino, char **ret) {
 typedef int (*stack_fn)(Store *s, const Stack *st, void *userdata);
 
 /* Whether a stack that cannot be read stands on a damaged record of a
- * subvolume or a layer, which scrub reports by itself: a damaged setting,
- * say, explains no broken stack. */
-static bool stack_damage_known(Store *s) {
-        CatalogDamage *damage = NULL;
-        size_t n = 0;
+ * layer, which scrub reports by itself: damage elsewhere in the catalog
+ * explains no broken stack. */
+static bool stack_damage_known(Store *s, const SubvolumeRecord *rec) {
+        uint64_t layer;
 
-        if (catalog_damaged_records(s, true, &damage, &n, NULL) < 0)
-                return false;
-        catalog_damage_array_free(damage, n);
-        return n > 0;
+        return catalog_stack_damaged_layer(s, rec->top_layer, &layer) > 0;
 }
 
 static int for_each_stack(Store *s, stack_fn fn, void *userdata) {
@@ -303,7 +299,7 @@ static int for_each_stack(Store *s, stack_fn fn, void *userdata) {
                         r = stack_open(s, &recs[i], NULL, &st);
                         /* A stack over a damaged record of the catalog,
                          * which scrub reported already. */
-                        if (r == -EUCLEAN && stack_damage_known(s))
+                        if (r == -EUCLEAN && stack_damage_known(s, &recs[i]))
                                 r = 0;
                         else if (r >= 0)
                                 r = fn(s, &st, userdata);

@@ -178,6 +178,9 @@ int catalog_layer_stack(Store *s, uint64_t top, uint64_t **ret_ids, size_t *ret_
  * so that a fold that commits meanwhile cannot tear the two apart. -ENOENT
  * if there is no such subvolume. */
 int catalog_subvolume_stack(Store *s, uint64_t id, uint64_t **ret_ids, size_t *ret_n);
+/* 1 and the first layer of the stack from top whose record is damaged, or
+ * 0 if none is. */
+int catalog_stack_damaged_layer(Store *s, uint64_t top, uint64_t *ret_layer);
 
 /* Creates the snapshot, with the UUID given, in the catalog. The source's
  * top layer must be sealed already if the source is writable. -ESTALE if

@@ -642,6 +642,38 @@ def test_damaged_name():
         store.run('scrub')
 
 
+def test_broken_stack_beside_damaged_record():
+    """A stack that cannot be read is passed by in scrub only when a damaged
+    record of one of its own layers explains it, which scrub names. One
+    broken otherwise (a layer's row gone from the catalog), beside the
+    damaged record of another's layer, stops the scrub, which says to run
+    fsck: it is not passed by as if explained."""
+    with t.Store('records-broken-stack') as store:
+        for name in ('a', 'b', 'g'):
+            store.create(name)
+            with store.mount(name) as m:
+                t.write_file(m.p('who'), name.encode(), fsync=True)
+            store.snapshot(name, f'{name}-snap', readonly=True)
+        catalog = t.open_catalog(store.path)
+        top_a = store.show('a')['top_layer']
+        change_behind_the_back(catalog, 'layers', top_a, 'created_usec = created_usec + 1')
+        db = layer_db(store, store.show('b-snap')['top_layer'])
+        db.execute('UPDATE inodes SET uid = uid + 1 WHERE ino = ?', (ino_of(db, 1, 'who'),))
+        db.commit()
+        db.close()
+        r = store.run('scrub', expect=1)
+        t.check(f'catalog layer {top_a}' in r.out and re.search(r'Damaged files: +[12]\n', r.out),
+                f'scrub with a damaged row of b beside the damaged record of a\'s layer:\n{r.describe()}')
+
+        (below_g,) = catalog.execute('SELECT parent FROM layers WHERE id = ?', (store.show('g')['top_layer'],)).fetchone()
+        catalog.execute('DELETE FROM layers WHERE id = ?', (below_g,))
+        catalog.commit()
+        catalog.close()
+        r = store.run('scrub', expect=1)
+        t.check('stopped' in r.err and 'fsck' in r.err,
+                f'scrub with g\'s stack broken beside the damaged record of a\'s layer:\n{r.describe()}')
+
+
 def change_keyed_behind_the_back(catalog, table, key, assignment):
     """change_behind_the_back() for the rows of meta and counters, by key."""
     (check,) = catalog.execute(f'SELECT row_check FROM {table} WHERE key = ?', (key,)).fetchone()
@@ -709,6 +741,7 @@ def run():
     sub.run('checks of the records of the catalog', test_catalog_record_checks)
     sub.run('checks of the catalog\'s other records', test_catalog_other_records)
     sub.run('a damaged name, deleted by ID', test_damaged_name)
+    sub.run('a broken stack beside a damaged record', test_broken_stack_beside_damaged_record)
     sub.run('a lost layer database', test_lost_layer)
     sub.run('damaged records', test_damaged_records)
     sub.run('layers without checks', test_layers_without_checks)
