@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +31,7 @@
 static const char *test_name = "";
 
 static char store_dir[] = "/var/tmp/cowbox-test-claims-XXXXXX";
+static pid_t test_pid;
 
 static void cleanup_store(void) {
         char cmd[512];
@@ -79,6 +81,9 @@ _noreturn_
 static void clear_forever(void) {
         Store *s = NULL;
 
+        /* Not beyond a test that failed. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != test_pid)
+                _exit(EXIT_FAILURE);
         if (store_open(store_dir, &s) < 0)
                 _exit(EXIT_FAILURE);
         for (;;)
@@ -93,6 +98,8 @@ static void claim_over_and_over(int ready_fd, int go_fd) {
         Store *s = NULL;
         char c;
 
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != test_pid)
+                _exit(EXIT_FAILURE);
         if (store_open(store_dir, &s) < 0)
                 _exit(EXIT_FAILURE);
         for (unsigned i = 0; i < ROUNDS; i++) {
@@ -114,6 +121,7 @@ static void test_races(void) {
         char c;
 
         test_name = "races";
+        test_pid = getpid();
         CHECK_OK(store_open(store_dir, &s));
         for (size_t i = 0; i < CLEARERS; i++) {
                 clearers[i] = fork();
