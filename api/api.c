@@ -127,7 +127,8 @@ static json_t *json_u64(uint64_t v) {
 json_t *api_subvolume_to_json(const StoreSubvolumeInfo *info) {
         /* Names may hold any byte but '/' and control characters: one
          * that is not UTF-8 must not fail the whole listing. */
-        return json_pack("{s:o, s:s, s:s, s:s, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:i, s:b}",
+        return json_pack("{s:o, s:o, s:s, s:s, s:s, s:b, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o, s:i, s:b}",
+                         "id", json_u64(info->id),
                          "name", api_json_string_lossy(info->name),
                          "uuid", info->uuid,
                          "parent_uuid", info->parent_uuid,

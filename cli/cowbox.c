@@ -358,6 +358,18 @@ static const char *str(json_t *o, const char *key) {
         return s && *s ? s : "-";
 }
 
+/* A damaged record's name may be anything: one that is no longer a valid
+ * name is neither printed nor usable, and its ID deletes it. */
+static void print_damaged_subvolume(json_t *v) {
+        const char *name = json_string_value(json_object_get(v, "name"));
+
+        if (name && store_name_is_valid(name))
+                printf("%-24s %-9s damaged record: 'cowbox rm %s' mends the store\n", name, "-", name);
+        else
+                printf("%-24s %-9s damaged record of ID %" PRIu64 ": 'cowbox-store subvolume delete --id %" PRIu64
+                       "' mends the store\n", "?", "-", num(v, "id"), num(v, "id"));
+}
+
 static void print_subvolume_table(json_t *list) {
         char a[32], b[32], c[32];
         size_t i;
@@ -366,8 +378,7 @@ static void print_subvolume_table(json_t *list) {
         printf("%-24s %-9s %10s %10s %10s\n", "NAME", "READ-ONLY", "LOGICAL", "STORED", "EXCLUSIVE");
         json_array_foreach(list, i, v) {
                 if (json_is_true(json_object_get(v, "damaged"))) {
-                        printf("%-24s %-9s %s\n", str(v, "name"), "-",
-                               "damaged record: 'cowbox rm' of it mends the store");
+                        print_damaged_subvolume(v);
                         continue;
                 }
                 printf("%-24s %-9s %10s %10s %10s\n", str(v, "name"),

@@ -663,11 +663,14 @@ def check_damaged_subvolume_record(bus, store):
     its check left as it was, as a flipped bit would) does not hide the
     others: ListSubvolumes lists them as they are and it marked damaged,
     GetStatus counts it, GetSubvolume of it fails with StoreFailed, `cowbox
-    list` names it, and DeleteSubvolume of it mends the store."""
+    list` names it, and DeleteSubvolume of it mends the store; or, when
+    its name is no longer a valid one, `cowbox-store subvolume delete --id`,
+    which `cowbox list` names without printing the name."""
     d.gdbus_call(bus, 'Snapshot', 'base', 'flipped', '{}')
     catalog = t.open_catalog(store.path)
     try:
-        (check,) = catalog.execute("SELECT row_check FROM subvolumes WHERE name = 'flipped' AND deleted = 0").fetchone()
+        (flipped_id, check) = catalog.execute("SELECT id, row_check FROM subvolumes WHERE name = 'flipped' "
+                                              "AND deleted = 0").fetchone()
         catalog.execute("UPDATE subvolumes SET readonly = 1 - readonly WHERE name = 'flipped' AND deleted = 0")
         catalog.execute("UPDATE subvolumes SET row_check = ? WHERE name = 'flipped' AND deleted = 0", (check,))
         catalog.commit()
@@ -682,14 +685,34 @@ def check_damaged_subvolume_record(bus, store):
     t.check_equal(d.gdbus_json(bus, 'GetStatus')['usage']['damaged_subvolumes'], 1, 'damaged subvolumes in GetStatus')
     r = d.gdbus_call(bus, 'GetSubvolume', 'flipped', expect='fail')
     t.check_equal(d.error_name(r), 'org.cowbox1.Error.StoreFailed', f'GetSubvolume of a damaged record: {r.err}')
+    t.check_equal(listed['flipped']['id'], flipped_id, 'the ID of the damaged subvolume in ListSubvolumes')
     r = d.cowbox(bus, 'list')
-    t.check(re.search(r'^flipped +- +damaged record', r.out, re.M) and re.search(r'^base ', r.out, re.M),
-            f'cowbox list with a damaged record:\n{r.out}')
+    t.check(re.search(r"^flipped +- +damaged record: 'cowbox rm flipped'", r.out, re.M) and
+            re.search(r'^base ', r.out, re.M), f'cowbox list with a damaged record:\n{r.out}')
 
     d.gdbus_call(bus, 'DeleteSubvolume', 'flipped')
     listed = d.gdbus_json(bus, 'ListSubvolumes')
     t.check('flipped' not in [s['name'] for s in listed] and not any(s['damaged'] for s in listed),
             f'ListSubvolumes once the damaged subvolume was deleted: {listed}')
+
+    # Its name damaged into one no call accepts, with a control character:
+    # not sent to the terminal, and deleted by its ID.
+    d.gdbus_call(bus, 'Snapshot', 'base', 'garbled', '{}')
+    catalog = t.open_catalog(store.path)
+    try:
+        (garbled_id, check) = catalog.execute("SELECT id, row_check FROM subvolumes WHERE name = 'garbled' "
+                                              "AND deleted = 0").fetchone()
+        catalog.execute("UPDATE subvolumes SET name = 'gar\x1b[2Jbled' WHERE id = ?", (garbled_id,))
+        catalog.execute("UPDATE subvolumes SET row_check = ? WHERE id = ?", (check, garbled_id))
+        catalog.commit()
+    finally:
+        catalog.close()
+    r = d.cowbox(bus, 'list')
+    t.check(f"damaged record of ID {garbled_id}: 'cowbox-store subvolume delete --id {garbled_id}'" in r.out
+            and '\x1b' not in r.out, f'cowbox list with a damaged record of an invalid name:\n{r.out!r}')
+    store.run('subvolume', 'delete', '--id', str(garbled_id))
+    listed = d.gdbus_json(bus, 'ListSubvolumes')
+    t.check(not any(s['damaged'] for s in listed), f'ListSubvolumes once it was deleted by ID: {listed}')
     t.check_equal(d.gdbus_json(bus, 'GetStatus')['usage']['damaged_subvolumes'], 0,
                   'damaged subvolumes in GetStatus once it was deleted')
 
