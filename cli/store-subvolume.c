@@ -238,23 +238,24 @@ static int verb_delete(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         _cleanup_store_ Store *store = NULL;
         char what[STORE_NAME_MAX + 32];
         DeleteResult result = {};
-        bool reap = true, by_id = false;
+        const char *id = NULL;
+        bool reap = true;
         int c, r;
 
         while ((c = command_getopt(tool, cmd, argc, argv)) > 0) {
                 if (c == ARG_NO_REAP)
                         reap = false;
                 else if (c == ARG_ID)
-                        by_id = true;
+                        id = optarg;
         }
         if (c < 0)
                 return options_exit_status(c);
 
-        r = command_check_arguments(cmd, argc, argv, 1, 1);
+        r = command_check_arguments(cmd, argc, argv, id ? 0 : 1, id ? 0 : 1);
         if (r != 0)
                 return r;
-        result.name = argv[optind];
-        if (!by_id) {
+        if (!id) {
+                result.name = argv[optind];
                 r = command_check_name(cmd, result.name);
                 if (r != 0)
                         return r;
@@ -264,8 +265,8 @@ static int verb_delete(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         if (r != 0)
                 return r;
 
-        r = by_id ? delete_by_id(store, result.name, &result, what, sizeof what)
-                  : delete_by_name(store, result.name, what, sizeof what);
+        r = id ? delete_by_id(store, id, &result, what, sizeof what)
+               : delete_by_name(store, result.name, what, sizeof what);
         if (r != EXIT_SUCCESS)
                 return r;
 
@@ -273,7 +274,7 @@ static int verb_delete(Tool *tool, const Command *cmd, int argc, char *argv[]) {
                 result.reaper_started = start_reaper(store, what);
 
         if (tool->json) {
-                _cleanup_json_ json_t *doc = record_to_json(by_id ? delete_id_fields : delete_fields, &result);
+                _cleanup_json_ json_t *doc = record_to_json(id ? delete_id_fields : delete_fields, &result);
                 return json_print(doc);
         }
         print_deleted_text(what, reap, result.reaper_started);
@@ -435,7 +436,7 @@ static const Command subvolume_snapshot = {
 
 static const Command subvolume_delete = {
         .name = "subvolume delete",
-        .synopsis = "[--no-reap] [--id] NAME",
+        .synopsis = "[--no-reap] {NAME | --id ID}",
         .summary = "Delete a subvolume, at once; its space is freed in the background.",
         .description =
                 "Deletion marks the subvolume deleted in one transaction and returns. The reaper\n"
@@ -451,7 +452,8 @@ static const Command subvolume_delete = {
         .options = (const CommandOption[]) {
                 { ARG_NO_REAP, "no-reap", NULL, "do not start the reaper: the space stays in use\n"
                   "until '" PROGRAM_NAME " reap' runs" },
-                { ARG_ID, "id", NULL, "NAME is the subvolume's ID, as 'subvolume list' shows it" },
+                { ARG_ID, "id", "ID", "the subvolume of this ID, as 'subvolume list' shows\n"
+                  "it, rather than one named" },
                 {}
         },
         .examples = (const char *const[]) {

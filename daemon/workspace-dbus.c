@@ -538,16 +538,12 @@ void manager_stop_workspaces(Manager *m) {
 
                 c->ready = sd_event_source_disable_unref(c->ready);
                 c->timer = sd_event_source_disable_unref(c->timer);
-                if (c->type == CALL_SERVE) {
-                        /* Nobody waits for it: the server comes up on its
-                         * own. What waited for it is done now, as if it
-                         * had been asked for first. */
-                        WorkspaceCall *after = TAKE_PTR(c->after);
-
+                if (c->type == CALL_SERVE && !c->after)
+                        /* Nobody waits for it: the server comes up on its own. */
                         call_free(c);
-                        if (after)
-                                call_begin(m, after);
-                } else if (c->ready_fd >= 0)
+                else if (c->ready_fd >= 0)
+                        /* A serve's, when a removal or a restore waits for
+                         * it, begins that one once its server is ready. */
                         call_mounted(c, call_wait_ready(c));
                 else
                         call_released(c, ws ? workspace_wait_released(ws, m->store, c->deadline_usec) : 0);
@@ -675,6 +671,7 @@ int method_checkpoint_workspace(sd_bus_message *message, void *userdata, sd_bus_
 }
 
 int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_error *error) {
+        _cleanup_free_ char *checkpoint = NULL;
         WorkspaceCall *c, *serving;
         Manager *m = userdata;
         const char *name, *label;
@@ -695,6 +692,12 @@ int method_restore_workspace(sd_bus_message *message, void *userdata, sd_bus_err
         r = check_not_pending(m, name, &serving, error);
         if (r < 0)
                 return r;
+        /* Said now, not after a wait for the watch's mount. */
+        r = workspace_subvolume(name, label, &checkpoint);
+        if (r >= 0)
+                r = store_subvolume_exists(m->store, checkpoint);
+        if (r <= 0)
+                return workspace_error(r < 0 ? r : -ENOKEY, name, error);
         c = call_new(message, CALL_RESTORE, name, label);
         if (!c)
                 return -ENOMEM;

@@ -653,6 +653,19 @@ int catalog_damaged_subvolume_id(Store *s, const char *name, uint64_t *ret_id) {
         return 0;
 }
 
+int catalog_subvolume_is_damaged(Store *s, uint64_t id) {
+        _cleanup_stmt_ sqlite3_stmt *st = NULL;
+        int r;
+
+        CATALOG_LOCKED(s);
+        r = sqlite_prepare(s->catalog, "SELECT 1 FROM subvolumes WHERE id = ?1 AND row_check IS NOT " SUBVOLUME_CHECK,
+                           &st);
+        if (r < 0)
+                return r;
+        sqlite3_bind_int64(st, 1, (sqlite3_int64) id);
+        return sqlite_step_row(st);
+}
+
 int catalog_remove_damaged_subvolume(Store *s, uint64_t id) {
         _cleanup_stmt_ sqlite3_stmt *st = NULL;
         int r;

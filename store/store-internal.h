@@ -261,6 +261,8 @@ int catalog_check_identity(Store *s);
  * removal of that record: a delete of it. Deleted or not: that flag of a
  * damaged record is not to be believed either. -ENOENT if there is none. */
 int catalog_damaged_subvolume_id(Store *s, const char *name, uint64_t *ret_id);
+/* 1 if the record of this id is damaged, deleted or not; 0 otherwise. */
+int catalog_subvolume_is_damaged(Store *s, uint64_t id);
 int catalog_remove_damaged_subvolume(Store *s, uint64_t id);
 void catalog_damage_array_free(CatalogDamage *d, size_t n);
 int catalog_subvolume_names(Store *s, char ***ret);

@@ -625,6 +625,10 @@ int store_subvolume_delete_id(Store *s, uint64_t id, pid_t *ret_holder) {
         int r;
 
         r = catalog_find_subvolume_by_id(s, id, &rec);
+        /* One marked deleted, which scrub names, keeps the reaper from
+         * freeing anything too: that flag is not to be believed either. */
+        if (r == -ENOENT && catalog_subvolume_is_damaged(s, id) > 0)
+                r = -EUCLEAN;
         if (r == -EUCLEAN)
                 return delete_damaged(s, id, ret_holder);
         if (r < 0)

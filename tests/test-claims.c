@@ -25,13 +25,25 @@
 #include "cleanup.h"
 #include "store.h"
 
-#define ROUNDS 3000
-#define CLEARERS 2
+#define ROUNDS 5000
+#define CLEARERS 3
 
 static const char *test_name = "";
 
 static char store_dir[] = "/var/tmp/cowbox-test-claims-XXXXXX";
 static pid_t test_pid;
+static pid_t children[CLEARERS + 1];
+
+/* Before the store is removed, also when a check failed: a child left
+ * running would make files in it again. */
+static void kill_children(void) {
+        for (size_t i = 0; i < ELEMENTSOF(children); i++)
+                if (children[i] > 0) {
+                        (void) kill(children[i], SIGKILL);
+                        (void) waitpid(children[i], NULL, 0);
+                        children[i] = 0;
+                }
+}
 
 static void cleanup_store(void) {
         char cmd[512];
@@ -114,7 +126,7 @@ static void claim_over_and_over(int ready_fd, int go_fd) {
 }
 
 static void test_races(void) {
-        pid_t clearers[CLEARERS], claimer;
+        pid_t *clearers = children, claimer;
         int ready[2], go[2], status;
         Store *s = NULL;
         unsigned rounds = 0;
@@ -122,6 +134,7 @@ static void test_races(void) {
 
         test_name = "races";
         test_pid = getpid();
+        atexit(kill_children);
         CHECK_OK(store_open(store_dir, &s));
         for (size_t i = 0; i < CLEARERS; i++) {
                 clearers[i] = fork();
@@ -131,7 +144,7 @@ static void test_races(void) {
         }
         /* After the clearers: only the claimer may keep ready open. */
         CHECK(pipe(ready) == 0 && pipe(go) == 0);
-        claimer = fork();
+        claimer = children[CLEARERS] = fork();
         CHECK(claimer >= 0);
         if (claimer == 0)
                 claim_over_and_over(ready[1], go[0]);
@@ -149,6 +162,7 @@ static void test_races(void) {
                 rounds++;
         }
         CHECK(waitpid(claimer, &status, 0) == claimer);
+        children[CLEARERS] = 0;
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
                 fprintf(stderr, "races: the claimer failed (status %d) after %u rounds\n", status, rounds);
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -156,6 +170,7 @@ static void test_races(void) {
         for (size_t i = 0; i < CLEARERS; i++) {
                 CHECK(kill(clearers[i], SIGKILL) == 0);
                 CHECK(waitpid(clearers[i], &status, 0) == clearers[i]);
+                clearers[i] = 0;
                 CHECK(WIFSIGNALED(status));     /* not one that failed */
         }
         /* Let go of, it is nobody's. */

@@ -597,17 +597,22 @@ def test_catalog_record_checks():
 def test_damaged_name():
     """A damaged record whose name is no longer a valid one (a flipped bit
     made a '/' of it) is named by its ID, and deleted by its ID: delete
-    --id mends the store, and the reaper then frees what it held. --id
-    deletes a sound subvolume too, refuses one mounted writable, and
-    says so when no subvolume has the ID."""
+    --id mends the store, and the reaper then frees what it held; so it
+    does for a damaged record of a deleted subvolume, which scrub names
+    and which keeps the reaper from freeing anything. --id deletes a sound
+    subvolume too, refuses one mounted writable, and says so when no
+    subvolume has the ID (a deleted one's either)."""
     with t.Store('records-damaged-name') as store:
-        for i, name in enumerate(('a', 'b', 'c')):
+        for i, name in enumerate(('a', 'b', 'c', 'd', 'e')):
             store.create(name)
             with store.mount(name) as m:
                 t.write_file(m.p('f'), t.random_bytes(100 * KiB, i), fsync=True)
-        id_a, id_b, id_c = (store.show(n)['id'] for n in ('a', 'b', 'c'))
+        id_a, id_b, id_c, id_d, id_e = (store.show(n)['id'] for n in ('a', 'b', 'c', 'd', 'e'))
+        store.delete('d', reap=False)
+        store.delete('e', reap=False)
         catalog = t.open_catalog(store.path)
         change_behind_the_back(catalog, 'subvolumes', id_a, "name = 'a/../b'")
+        change_behind_the_back(catalog, 'subvolumes', id_d, 'quota_bytes = 5')
         catalog.close()
 
         r = store.run('subvolume', 'list', json_output=True, expect=1)
@@ -617,14 +622,22 @@ def test_damaged_name():
         r = store.run('subvolume', 'delete', 'a/../b', expect=2)
         t.check('not a valid subvolume name' in r.err, f'delete by the damaged name:\n{r.describe()}')
 
-        for bad in ('x', '0', '1x', str(id_c + 100)):
+        for bad in ('x', '0', '1x', '', str(2**63), str(2**64), str(id_e), str(id_e + 100)):
             r = store.run('subvolume', 'delete', '--id', bad, expect=1)
-            t.check(('no subvolume has ID' if bad.isdigit() and bad != '0' else 'not a subvolume ID') in r.err,
-                    f'delete --id {bad}:\n{r.describe()}')
+            known = bad.isdigit() and 0 < int(bad) < 2**63
+            t.check(('no subvolume has ID' if known else 'not a subvolume ID') in r.err,
+                    f'delete --id {bad!r}:\n{r.describe()}')
+        r = store.run('subvolume', 'delete', '--id', str(id_a), 'a', expect=2)
+        t.check('unexpected argument' in r.err, f'delete --id with a name too:\n{r.describe()}')
         with store.mount('b'):
             r = store.run('subvolume', 'delete', '--id', str(id_b), expect=1)
             t.check(f'subvolume ID {id_b} is mounted by' in r.err, f'delete --id of a mounted one:\n{r.describe()}')
 
+        r = store.run('scrub', expect=1)
+        t.check(f'catalog subvolume {id_d}' in r.out, f'scrub with a damaged record of a deleted one:\n{r.describe()}')
+        r = store.run('subvolume', 'delete', '--id', str(id_d), '--no-reap')
+        t.check(f'Deleted subvolume ID {id_d}' in r.out, f'delete --id of a deleted one\'s damaged record:\n'
+                f'{r.describe()}')
         kept = stored_files(store)
         doc = store.json('subvolume', 'delete', '--id', str(id_a), '--no-reap')
         t.check_equal(doc, {'id': id_a, 'reaper_started': False}, 'delete --id of the damaged record in JSON')

@@ -809,15 +809,19 @@ def check_watch_mount_then_change(dev):
     """The watch serves a workspace whose server died. While that server
     waits for its subvolume (a fold holds it), nobody asked for the mount:
     a removal or a restore asked for meanwhile is not refused, but done
-    once the mount is, and answered then. Other changes are refused as
-    before, and a second removal is told that one is under way."""
+    once the mount is, and answered then; also when the daemon is stopped
+    meanwhile. Other changes are refused as before, a second removal is
+    told that one is under way, and a restore to a checkpoint that is not
+    there is told so at once."""
     with t.Store('workspace-watch-mount') as store:
         make_image(store)
         with d.bus_and_daemon(store) as (bus, daemon):
             path = json.loads(d.cowbox(bus, '--json', 'workspace', 'create', 'w', '--image', 'src-main',
                                        '--owner', 'cowbox-test-dev').out)['path']
             d.cowbox(bus, 'workspace', 'checkpoint', 'w', 'good', user=dev)
-            for method, args in (('RestoreWorkspace', ('w', 'good')), ('RemoveWorkspace', ('w',))):
+            for method, args, stop in (('RestoreWorkspace', ('w', 'good'), False),
+                                       ('RestoreWorkspace', ('w', 'good'), True),
+                                       ('RemoveWorkspace', ('w',), False)):
                 as_user(bus, dev, 'sh', '-c', f'echo later > {path}/later')
                 server = store.show('workspace-w')['mounted_by']
                 # Still while the server dies and its lock is taken: the
@@ -834,16 +838,32 @@ def check_watch_mount_then_change(dev):
                     wait_for_lock_waiter(lock, daemon)
                     r = d.gdbus_call(bus, 'SetWorkspaceLimit', 'w', '0', expect='fail')
                     t.check('is being mounted' in r.err, f'a change while the watch mounts:\n{r.describe()}')
+                    r = d.gdbus_call(bus, 'RestoreWorkspace', 'w', 'nope', expect='fail')
+                    t.check_equal(d.error_name(r), 'org.cowbox1.Error.NoSuchCheckpoint',
+                                  'a restore to no checkpoint while the watch mounts')
                     call = call_in_background(bus, method, *args)
-                    time.sleep(1)
+                    doing = 'restored' if method == 'RestoreWorkspace' else 'removed'
+                    # Known to the daemon once other changes are refused
+                    # for it.
+                    d.wait_for(f'the daemon to take {method}', lambda: f'is being {doing}' in d.gdbus_call(
+                        bus, 'SetWorkspaceLimit', 'w', '0', expect='fail').err)
                     t.check(call.poll() is None, f'{method} answered while the watch\'s mount waits')
                     r = d.cowbox(bus, 'workspace', 'rm', 'w', expect=1)
-                    doing = 'restored' if method == 'RestoreWorkspace' else 'removed'
                     t.check(f'is being {doing}' in r.err, f'a removal while {method} waits for the watch:\n{r.err}')
+                    if stop:
+                        daemon.proc.terminate()
+                        time.sleep(1)
+                        t.check(call.poll() is None, f'{method} answered by a daemon that stops before the '
+                                'watch\'s mount was done')
                 finally:
                     release()
+                if stop:
+                    daemon.proc.wait(60)
                 out, err = call.communicate(timeout=90)
-                t.check_equal((call.returncode, err), (0, ''), f'{method} once the watch\'s mount was done')
+                t.check_equal((call.returncode, err), (0, ''), f'{method} once the watch\'s mount was done' +
+                              (', at the stop' if stop else ''))
+                if stop:
+                    daemon.start()
                 if method == 'RestoreWorkspace':
                     t.check(not os.path.exists(path + '/later'), 'a file written after the checkpoint, after '
                             'a restore that waited for the watch')
