@@ -68,9 +68,10 @@ static int verb_init(Tool *tool, const Command *cmd, int argc, char *argv[]) {
 /* ---- usage ---- */
 
 /* logical / stored, the factor compression and deduplication save; NaN
- * (shown as "-") when nothing is stored. */
+ * (shown as "-") when there is nothing to compare: no file data (the
+ * metadata of empty trees would make it 0.00x), or nothing stored. */
 static double space_ratio(uint64_t logical, uint64_t stored) {
-        return stored > 0 ? (double) logical / (double) stored : NAN;
+        return logical > 0 && stored > 0 ? (double) logical / (double) stored : NAN;
 }
 
 typedef struct UsageRow {
@@ -744,9 +745,9 @@ const Command command_usage = {
                 "metadata), the sum of the exclusive bytes, the ratio, the size of the pack\n"
                 "files, what the next reap frees (reclaimable), the checksum mismatches seen so\n"
                 "far, and the space of the host file system. With --json, sizes are in bytes and\n"
-                "a ratio with nothing stored is null. A subvolume with a damaged record (see\n"
-                "'subvolume list') has no row, is counted among the damaged, and is named on\n"
-                "standard error; the exit status is then 1.\n",
+                "a ratio without file data or nothing stored is null. A subvolume with a damaged\n"
+                "record (see 'subvolume list') has no row, is counted among the damaged, and is\n"
+                "named on standard error; the exit status is then 1.\n",
         .examples = (const char *const[]) {
                 PROGRAM_NAME " usage",
                 PROGRAM_NAME " usage --raw",

@@ -396,6 +396,98 @@ static int verb_set_quota(Tool *tool, const Command *cmd, int argc, char *argv[]
         return EXIT_SUCCESS;
 }
 
+static int verb_rename(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_store_ Store *store = NULL;
+        const char *name, *new_name;
+        int c, r;
+
+        c = command_getopt(tool, cmd, argc, argv);
+        if (c != 0)
+                return options_exit_status(c);
+        r = command_check_arguments(cmd, argc, argv, 2, 2);
+        if (r != 0)
+                return r;
+        name = argv[optind];
+        new_name = argv[optind + 1];
+        r = command_check_name(cmd, name);
+        if (r == 0)
+                r = command_check_new_name(cmd, new_name);
+        if (r != 0)
+                return r;
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+        r = store_subvolume_rename(store, name, new_name);
+        if (r == -ENOENT)
+                return report_no_subvolume(name);
+        if (r == -EEXIST)
+                return report_name_taken(new_name);
+        if (r < 0)
+                return report_failure("cannot rename subvolume '%s' to '%s': %s", name, new_name, error_text(r));
+
+        if (tool->json)
+                return print_subvolume_json(store, new_name);
+        printf("Renamed subvolume '%s' to '%s'.\n", name, new_name);
+        return EXIT_SUCCESS;
+}
+
+static int parse_bool(const char *text, bool *ret) {
+        FOREACH_STRING(yes, "true", "yes", "on", "1")
+                if (streq(text, yes)) {
+                        *ret = true;
+                        return 0;
+                }
+        FOREACH_STRING(no, "false", "no", "off", "0")
+                if (streq(text, no)) {
+                        *ret = false;
+                        return 0;
+                }
+        return -EINVAL;
+}
+
+static int verb_set_readonly(Tool *tool, const Command *cmd, int argc, char *argv[]) {
+        _cleanup_store_ Store *store = NULL;
+        const char *name;
+        bool readonly;
+        int c, r;
+
+        c = command_getopt(tool, cmd, argc, argv);
+        if (c != 0)
+                return options_exit_status(c);
+        r = command_check_arguments(cmd, argc, argv, 2, 2);
+        if (r != 0)
+                return r;
+        name = argv[optind];
+        r = command_check_name(cmd, name);
+        if (r != 0)
+                return r;
+        if (parse_bool(argv[optind + 1], &readonly) < 0)
+                return report_usage_error(cmd, "'%s' is neither true nor false", argv[optind + 1]);
+
+        r = tool_open_store(tool, &store);
+        if (r != 0)
+                return r;
+        r = store_subvolume_set_readonly(store, name, readonly);
+        if (r == -ENOENT)
+                return report_no_subvolume(name);
+        if (r == -EBUSY) {
+                StoreSubvolumeInfo info = {};
+                pid_t holder = store_subvolume_show(store, name, &info) >= 0 ? info.mounted_by : 0;
+
+                store_subvolume_info_clear(&info);
+                return report_subvolume_busy(name, holder, "unmount it (fusermount3 -u MOUNTPOINT) first");
+        }
+        if (r < 0)
+                return report_failure("cannot make subvolume '%s' %s: %s", name,
+                                      readonly ? "read-only" : "writable", error_text(r));
+
+        if (tool->json)
+                return print_subvolume_json(store, name);
+        printf("Subvolume '%s' is %s.\n", name, readonly ? "read-only" : "writable");
+        return EXIT_SUCCESS;
+}
+
 static const Command subvolume_create = {
         .name = "subvolume create",
         .synopsis = "NAME",
@@ -528,20 +620,58 @@ static const Command subvolume_set_quota = {
         .run = verb_set_quota,
 };
 
+static const Command subvolume_rename = {
+        .name = "subvolume rename",
+        .synopsis = "NAME NEW_NAME",
+        .summary = "Give a subvolume another name.",
+        .description =
+                "The subvolume keeps its ID, its UUID and its files; only its name changes, in\n"
+                "one transaction. It may be mounted meanwhile: its mount goes on. NEW_NAME must\n"
+                "not be taken.\n",
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " subvolume rename base-next base",
+                NULL,
+        },
+        .flags = COMMAND_JSON,
+        .run = verb_rename,
+};
+
+static const Command subvolume_set_readonly = {
+        .name = "subvolume set-readonly",
+        .synopsis = "NAME true|false",
+        .summary = "Make a subvolume read-only, or writable again.",
+        .description =
+                "A read-only subvolume's files cannot change, whoever mounts it, and it can be\n"
+                "sent ('" PROGRAM_NAME " send'). Making it read-only freezes its top layer, in\n"
+                "constant time. Making it writable again gives it a new empty top layer, and\n"
+                "forgets the send stream it was received from, as btrfs does: an increment sent\n"
+                "against that stream no longer applies to it. A mounted subvolume cannot be\n"
+                "changed either way: unmount it first.\n",
+        .examples = (const char *const[]) {
+                PROGRAM_NAME " subvolume set-readonly base true",
+                PROGRAM_NAME " subvolume set-readonly scratch false",
+                NULL,
+        },
+        .flags = COMMAND_JSON,
+        .run = verb_set_readonly,
+};
+
 static const Command *const subvolume_verbs[] = {
         &subvolume_create,
         &subvolume_snapshot,
         &subvolume_delete,
+        &subvolume_rename,
         &subvolume_list,
         &subvolume_show,
         &subvolume_set_quota,
+        &subvolume_set_readonly,
         NULL,
 };
 
 const Command command_subvolume = {
         .name = "subvolume",
         .synopsis = "COMMAND [ARGS...]",
-        .summary = "Create, snapshot, delete, list and show subvolumes, and limit their size.",
+        .summary = "Create, snapshot, delete, rename, list and show subvolumes, limit their size.",
         .description =
                 "A subvolume is a tree of files, stored as a stack of layers. Snapshots and\n"
                 "deletion cost the same whatever the tree's size; to use a subvolume's files,\n"

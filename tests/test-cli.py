@@ -143,6 +143,69 @@ def test_snapshots(store):
     t.check_equal(store.names().count('dup-name-1'), 1, 'duplicates listed')
 
 
+def test_rename_and_readonly(store):
+    """subvolume rename keeps the subvolume (its ID, UUID and files) under
+    its new name, and refuses a taken name, a missing subvolume and a name
+    kept for receives; set-readonly makes a subvolume read-only and
+    writable again (then with a new top layer and without the UUID it was
+    received with), and refuses what is neither true nor false."""
+    store.create('to-rename')
+    before = store.show('to-rename')
+    r = store.run('subvolume', 'rename', 'to-rename', 'renamed')
+    t.check_equal(r.out, "Renamed subvolume 'to-rename' to 'renamed'.\n", 'rename says what it did')
+    after = store.show('renamed')
+    t.check_equal((after['id'], after['uuid']), (before['id'], before['uuid']), 'the renamed subvolume')
+    t.check('to-rename' not in store.names(), 'the old name after a rename')
+    store.create('taken')
+    r = store.run('subvolume', 'rename', 'renamed', 'taken', expect=1)
+    check_mentions(r, 'taken', 'rename onto a taken name')
+    r = store.run('subvolume', 'rename', 'to-rename', 'x', expect=1)
+    check_mentions(r, 'to-rename', 'rename of a missing subvolume')
+    r = store.run('subvolume', 'rename', 'renamed', '.receiving-x', expect=2)
+    check_mentions(r, '.receiving-', 'rename to a name kept for receives')
+    r = store.run('subvolume', 'rename', 'renamed', 'a/b', expect=2)
+    check_mentions(r, 'not a valid subvolume name', 'rename to an invalid name')
+    t.check_equal(store.json('subvolume', 'rename', 'renamed', 'renamed-2')['id'], before['id'],
+                  'rename --json prints the subvolume')
+
+    for value in ('true', 'yes', '1'):
+        store.run('subvolume', 'set-readonly', 'renamed-2', value)
+        t.check_equal(store.show('renamed-2')['readonly'], True, f'set-readonly {value}')
+    frozen = store.show('renamed-2')['top_layer']
+    store.snapshot('renamed-2', 'of-readonly', readonly=True)
+    doc = store.json('subvolume', 'set-readonly', 'renamed-2', 'false')
+    t.check(doc['readonly'] is False and doc['top_layer'] != frozen,
+            f'set-readonly false: writable, on a new top layer: {doc}')
+    r = store.run('subvolume', 'set-readonly', 'renamed-2', 'maybe', expect=2)
+    check_mentions(r, 'maybe', 'set-readonly with neither true nor false')
+    r = store.run('subvolume', 'set-readonly', 'no-such', 'true', expect=1)
+    check_mentions(r, 'no-such', 'set-readonly of a missing subvolume')
+
+    # One received is no longer the image its sender has, once writable.
+    stream = os.path.join(store.tmp, 'renamed.stream')
+    store.run('send', '-f', stream, 'of-readonly')
+    store.delete('of-readonly')
+    received = store.run('receive', '-f', stream, 'got').out
+    t.check(store.show('got')['received_uuid'], f'a received image has its UUID: {received}')
+    store.run('subvolume', 'set-readonly', 'got', 'false')
+    t.check_equal(store.show('got')['received_uuid'], None, 'the received UUID once writable')
+    for name in ('got', 'renamed-2', 'taken'):
+        store.delete(name)
+
+
+def test_readonly_while_mounted(store):
+    """A mounted subvolume is neither made read-only nor writable: the
+    refusal names the process that has it mounted."""
+    t.require_fuse()
+    store.create('mounted')
+    with store.mount('mounted'):
+        r = store.run('subvolume', 'set-readonly', 'mounted', 'true', expect=1)
+        t.check('is mounted by' in r.err and 'unmount it' in r.err, f'set-readonly of a mounted one:\n{r.describe()}')
+        r = store.run('subvolume', 'rename', 'mounted', 'mounted-renamed')
+    t.check_equal(store.show('mounted-renamed')['readonly'], False, 'the subvolume once unmounted')
+    store.delete('mounted-renamed')
+
+
 def test_misuse(store):
     cases = [
         ['frobnicate'],
@@ -518,8 +581,12 @@ def test_completion(store):
     commands = set(re.findall(r'^  ([a-z-]+)', top.split('\nCommands:\n', 1)[1].split('\n\n', 1)[0], re.M))
     offered = complete(store, '_cowbox_store', ['cowbox-store', ''])
     t.check(commands and commands <= offered, f'completion of cowbox-store: {sorted(offered)}, not {sorted(commands)}')
-    for args in (['subvolume', 'create'], ['subvolume', 'snapshot'], ['subvolume', 'delete'], ['subvolume', 'list'],
-                 ['mount'], ['usage'], ['reap'], ['scrub'], ['fsck'], ['receive'], ['send'], ['run']):
+    subvolume_verbs = set(re.findall(r'^  subvolume ([a-z-]+)', top, re.M))
+    offered = complete(store, '_cowbox_store', ['cowbox-store', 'subvolume', ''])
+    t.check(len(subvolume_verbs) > 5 and subvolume_verbs <= offered,
+            f'completion of cowbox-store subvolume: {sorted(offered)}, not {sorted(subvolume_verbs - offered)}')
+    for args in [['subvolume', verb] for verb in sorted(subvolume_verbs)] + [
+            ['mount'], ['usage'], ['reap'], ['scrub'], ['fsck'], ['receive'], ['send'], ['run']]:
         want = help_options(t.run_command([t.tool()] + args + ['--help']).out)
         offered = complete(store, '_cowbox_store', ['cowbox-store'] + args + ['--'])
         t.check(want and want <= offered, f'completion of cowbox-store {" ".join(args)} --: {sorted(offered)}, '
@@ -717,6 +784,8 @@ def run():
         sub.run('create, list, show, delete', test_create_list_show_delete, store)
         sub.run('invalid names', test_invalid_names, store)
         sub.run('snapshots', test_snapshots, store)
+        sub.run('rename and set-readonly', test_rename_and_readonly, store)
+        sub.run('set-readonly while mounted', test_readonly_while_mounted, store)
         sub.run('misuse', test_misuse, store)
         sub.run('send -f FILE', test_send_output, store)
         sub.run('names of images being received', test_receiving_names, store)
