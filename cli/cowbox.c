@@ -1264,11 +1264,15 @@ static const struct {
           "  image show NAME                   show one image\n"
           "  image rename NAME NEW-NAME        rename an image\n"
           "  image rm NAME                     remove an image (the reaper frees it)\n" },
-        { " list show snapshot rm ",
+        { " list show create snapshot rename set-quota set-readonly rm ",
           "Subvolumes:\n"
           "  list                              list every subvolume\n"
           "  show NAME                         show one\n"
+          "  create NAME                       create an empty, writable subvolume\n"
           "  snapshot [-r] SOURCE NAME         snapshot SOURCE (read-only with -r)\n"
+          "  rename NAME NEW-NAME              rename a subvolume\n"
+          "  set-quota NAME SIZE               limit its files' bytes (e.g. 20G, or none)\n"
+          "  set-readonly NAME true|false      freeze it, or make it writable again\n"
           "  rm NAME                           delete a subvolume (the reaper frees it)\n" },
         { " run ",
           "Tasks:\n"
@@ -1397,6 +1401,39 @@ static int dispatch(int argc, char *argv[]) {
         if (streq(noun, "rm"))
                 return verb_simple(argc, argv, 1, "rm NAME") ?:
                        call_void("DeleteSubvolume", "Subvolume deleted.", "s", argv[optind]);
+        if (streq(noun, "create"))
+                return verb_simple(argc, argv, 1, "create NAME") ?:
+                       call_void("CreateSubvolume", "Subvolume created.", "s", argv[optind]);
+        if (streq(noun, "rename"))
+                return verb_simple(argc, argv, 2, "rename NAME NEW-NAME") ?:
+                       call_void("Rename", "Subvolume renamed.", "ss", argv[optind], argv[optind + 1]);
+        if (streq(noun, "set-quota")) {
+                uint64_t bytes;
+
+                int r = verb_simple(argc, argv, 2, "set-quota NAME SIZE");
+                if (r != 0)
+                        return r;
+                if (parse_size(argv[optind + 1], &bytes) < 0)
+                        return usage_error("'%s' is not a size (e.g. 20G, or none)", argv[optind + 1]);
+                return call_void("SetQuota", "Quota set.", "st", argv[optind], bytes);
+        }
+        if (streq(noun, "set-readonly")) {
+                const char *value;
+                int readonly;
+
+                int r = verb_simple(argc, argv, 2, "set-readonly NAME true|false");
+                if (r != 0)
+                        return r;
+                value = argv[optind + 1];
+                if (streq(value, "true") || streq(value, "yes") || streq(value, "1"))
+                        readonly = 1;
+                else if (streq(value, "false") || streq(value, "no") || streq(value, "0"))
+                        readonly = 0;
+                else
+                        return usage_error("'%s' is neither true nor false", value);
+                return call_void("SetReadOnly", readonly ? "Subvolume is read-only." : "Subvolume is writable.",
+                                 "sb", argv[optind], readonly);
+        }
         if (streq(noun, "status"))
                 return verb_simple(argc, argv, 0, "status") ?: call_json("GetStatus", print_status, NULL);
         if (streq(noun, "jobs"))

@@ -717,6 +717,32 @@ def check_damaged_subvolume_record(bus, store):
                   'damaged subvolumes in GetStatus once it was deleted')
 
 
+def check_client_subvolume_commands(bus, store):
+    """cowbox creates, renames, limits and freezes a subvolume, as the API
+    does, and refuses a size, a flag or a name it cannot take."""
+    r = d.cowbox(bus, 'create', 'made')
+    t.check_equal(r.out, 'Subvolume created.\n', 'cowbox create says what it did')
+    t.check_equal(store.show('made')['readonly'], False, 'a subvolume cowbox created')
+    d.cowbox(bus, 'set-quota', 'made', '5M')
+    t.check_equal(store.show('made')['quota_bytes'], 5 * MiB, 'the quota cowbox set')
+    d.cowbox(bus, 'set-quota', 'made', 'none')
+    t.check_equal(store.show('made')['quota_bytes'], 0, 'the quota cowbox lifted')
+    r = d.cowbox(bus, 'set-quota', 'made', 'lots', expect=2)
+    t.check("'lots' is not a size" in r.err, f'cowbox set-quota of no size: {r.err}')
+    r = d.cowbox(bus, 'set-readonly', 'made', 'true')
+    t.check_equal((r.out, store.show('made')['readonly']), ('Subvolume is read-only.\n', True),
+                  'cowbox set-readonly true')
+    r = d.cowbox(bus, 'set-readonly', 'made', 'perhaps', expect=2)
+    t.check('neither true nor false' in r.err, f'cowbox set-readonly perhaps: {r.err}')
+    d.cowbox(bus, 'rename', 'made', 'renamed')
+    t.check('renamed' in store.names() and 'made' not in store.names(), f'after cowbox rename: {store.names()}')
+    r = d.cowbox(bus, 'rename', 'renamed', 'base', expect=1)
+    t.check("'base' is taken" in r.err, f'cowbox rename onto a taken name: {r.err}')
+    d.cowbox(bus, 'set-readonly', 'renamed', 'false')
+    t.check_equal(store.show('renamed')['readonly'], False, 'cowbox set-readonly false')
+    d.cowbox(bus, 'rm', 'renamed')
+
+
 def run():
     d.require_dbus()
     t.require_fuse()
@@ -755,6 +781,7 @@ def run():
             check_wait_unstarted(bus)
             check_client_usage(bus, daemon)
             check_damaged_subvolume_record(bus, store)
+            check_client_subvolume_commands(bus, store)
 
 
 if __name__ == '__main__':
