@@ -133,6 +133,21 @@ static int verb_create(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         return EXIT_SUCCESS;
 }
 
+/* The arguments NAME NEW_NAME of snapshot and rename, after the options:
+ * a subvolume, and a name it may take. */
+static int parse_name_and_new_name(const Command *cmd, int argc, char *argv[], const char **ret_name,
+                                   const char **ret_new_name) {
+        int r;
+
+        r = command_check_arguments(cmd, argc, argv, 2, 2);
+        if (r != 0)
+                return r;
+        *ret_name = argv[optind];
+        *ret_new_name = argv[optind + 1];
+        r = command_check_name(cmd, *ret_name);
+        return r != 0 ? r : command_check_new_name(cmd, *ret_new_name);
+}
+
 static int verb_snapshot(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         _cleanup_store_ Store *store = NULL;
         const char *source, *name;
@@ -145,14 +160,7 @@ static int verb_snapshot(Tool *tool, const Command *cmd, int argc, char *argv[])
         if (c < 0)
                 return options_exit_status(c);
 
-        r = command_check_arguments(cmd, argc, argv, 2, 2);
-        if (r != 0)
-                return r;
-        source = argv[optind];
-        name = argv[optind + 1];
-        r = command_check_name(cmd, source);
-        if (r == 0)
-                r = command_check_new_name(cmd, name);
+        r = parse_name_and_new_name(cmd, argc, argv, &source, &name);
         if (r != 0)
                 return r;
 
@@ -404,14 +412,7 @@ static int verb_rename(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         c = command_getopt(tool, cmd, argc, argv);
         if (c != 0)
                 return options_exit_status(c);
-        r = command_check_arguments(cmd, argc, argv, 2, 2);
-        if (r != 0)
-                return r;
-        name = argv[optind];
-        new_name = argv[optind + 1];
-        r = command_check_name(cmd, name);
-        if (r == 0)
-                r = command_check_new_name(cmd, new_name);
+        r = parse_name_and_new_name(cmd, argc, argv, &name, &new_name);
         if (r != 0)
                 return r;
 
