@@ -259,6 +259,29 @@ static int find_image(Receiver *rc, const uint8_t uuid[16], StoreSubvolumeInfo *
         return r;
 }
 
+/* An increment, or a clone, names the image it builds on by a UUID and
+ * the transaction it was at when sent: the one it was received with,
+ * where the UUID is the one it was received with, or else its own. An
+ * image found that is not read-only, or has changed since (made writable
+ * and frozen again), is another tree: applied to it, the stream would make
+ * an image that is neither. */
+static int check_base_image(Receiver *rc, const StreamCommand *c, const StoreSubvolumeInfo *info, const char *what) {
+        char uuid[37];
+        uint64_t transid;
+
+        uuid_format(c->clone_uuid, uuid);
+        if (!info->readonly)
+                return image_error_at(rc->error, -EPERM, c->offset, "%s: the image it builds on, '%s' (UUID %s), is "
+                                      "not read-only", what, info->name, uuid);
+        transid = streq(info->received_uuid, uuid) ? info->stransid : info->ctransid;
+        if (transid != c->clone_ctransid)
+                return image_error_at(rc->error, -ESTALE, c->offset, "%s: the image it builds on, '%s' (UUID %s), "
+                                      "is at transaction %" PRIu64 " here, not at %" PRIu64 " as when the stream "
+                                      "was made: it changed since; send a full stream", what, info->name, uuid,
+                                      transid, (uint64_t) c->clone_ctransid);
+        return 0;
+}
+
 static int begin_subvolume(Receiver *rc, const StreamCommand *c) {
         static unsigned counter;
         const char *name = rc->opts->name ? rc->opts->name : c->path;
@@ -297,6 +320,12 @@ static int begin_subvolume(Receiver *rc, const StreamCommand *c) {
                                               "first", uuid);
                 if (r < 0)
                         return image_error(rc->error, r, "cannot look up the parent image: %s", strerror(-r));
+                r = check_base_image(rc, c, &parent, "the increment");
+                if (r < 0) {
+                        store_subvolume_info_clear(&parent);
+                        rc->temp_name[0] = 0;
+                        return r;
+                }
                 r = store_subvolume_snapshot(rc->store, parent.name, rc->temp_name, false);
                 store_subvolume_info_clear(&parent);
         } else
@@ -621,14 +650,18 @@ static Volume *clone_source(Receiver *rc, const StreamCommand *c, int *ret_error
                 info.name = strdup(pending_image(rc, c->clone_uuid));
                 if (!info.name)
                         r = -ENOMEM;
-        } else
+        } else {
                 r = find_image(rc, c->clone_uuid, &info);
+                if (r >= 0) {
+                        char what[PATH_MAX + 16];
+
+                        snprintf(what, sizeof what, "clone '%s'", c->path);
+                        r = check_base_image(rc, c, &info, what);
+                }
+        }
         if (r == -ENOENT)
                 r = image_error_at(rc->error, r, c->offset, "clone '%s': its source, the subvolume with UUID %s, "
                                    "is not in this store", c->path, uuid);
-        else if (r >= 0 && !info.readonly)
-                r = image_error_at(rc->error, -EPERM, c->offset, "clone '%s': its source '%s' is not a read-only "
-                                   "image", c->path, info.name);
         else if (r >= 0 && rc->n_sources == CLONE_SOURCES_MAX)
                 r = image_error_at(rc->error, -E2BIG, c->offset, "clone '%s': clones from more than %d images",
                                    c->path, CLONE_SOURCES_MAX);

@@ -313,6 +313,52 @@ def check_increment_in_one_input(store, tmp):
         store.run('subvolume', 'delete', name)
 
 
+def check_increment_on_another_tree(store, tmp):
+    """An increment, or a clone, applies only to the image it was made
+    against: read-only, at the transaction the stream names. Against one
+    that changed since, or a writable subvolume of that UUID, it is
+    refused, and nothing is left behind."""
+    a = b'\xa7' * 16
+    data = t.random_bytes(8192, 4)
+    before = store.names()
+    base = simple_stream('tree-a', uuid=a, body=[
+        mkfile('f'), command('write', ('path', 'f'), ('file_offset', 0), ('data', data))])
+    path = os.path.join(tmp, 'tree-a')
+    with open(path, 'wb') as f:
+        f.write(base)
+    store.run('receive', '-f', path)
+    t.check_equal(store.show('tree-a')['stransid'], 7, 'the transaction tree-a was received at')
+    store.create('writable')
+    writable = store.show('writable')
+
+    def increment(parent, transid, clone_transid=None):
+        return (header() + command('snapshot', ('path', 'tree-b'), ('uuid', b'\xb7' * 16), ('ctransid', 9),
+                                   ('clone_uuid', parent), ('clone_ctransid', transid))
+                + mkfile('g') + command('clone', ('file_offset', 0), ('clone_len', 8192), ('path', 'g'),
+                                        ('clone_uuid', a), ('clone_ctransid', clone_transid or 7),
+                                        ('clone_path', 'f'), ('clone_offset', 0))
+                + command('end'))
+
+    cases = (('an increment on tree-a as it was at another transaction', increment(a, 6), 'changed since'),
+             ('an increment on a writable subvolume', increment(uuid.UUID(writable['uuid']).bytes,
+                                                               writable['ctransid']), 'not read-only'),
+             ('a clone from tree-a at another transaction', increment(a, 7, clone_transid=8), 'changed since'))
+    for label, stream, needle in cases:
+        path = os.path.join(tmp, 'case')
+        with open(path, 'wb') as f:
+            f.write(stream)
+        r = store.run('receive', '-f', path, expect=1)
+        t.check(needle in r.err, f'{label}: the error does not say "{needle}":\n{r.err}')
+        t.check_equal(sorted(store.names()), sorted(before + ['tree-a', 'writable']), f'subvolumes after {label}')
+    with open(path, 'wb') as f:
+        f.write(increment(a, 7))
+    store.run('receive', '-f', path)
+    with store.mount('tree-b', readonly=True) as m:
+        t.check_bytes(t.read_file(m.p('g')), data, 'tree-b/g, cloned from tree-a')
+    for name in ('tree-b', 'tree-a', 'writable'):
+        store.run('subvolume', 'delete', name)
+
+
 def check_unfinished_image_unseen(store, tmp):
     """An image whose input is still being read is not yet there for others:
     an increment on it, or a clone from it, is refused (named by its
@@ -504,6 +550,7 @@ def run():
             check_lzo_past_its_data(store, tmp)
             check_huge_sparse_ranges(store, tmp)
             check_increment_in_one_input(store, tmp)
+            check_increment_on_another_tree(store, tmp)
         check_unfinished_image_unseen(store, tmp)
         check_names_all_or_nothing(store, tmp)
         check_dead_receive_in_pid_namespace(store, tmp)
