@@ -482,6 +482,39 @@ static void init_main(const Plan *p) {
 
 /* ---- in the caller ---- */
 
+/* The sandbox's directory and its mount points, root's alone to change. A
+ * user namespace's root (the host's BASE) may only pass through it: were
+ * the directory theirs, a user of that ID on the host could put a
+ * symbolic link where the snapshot is mounted, by root, and have it
+ * mounted over /etc. One left by an earlier run (a crash, or a version
+ * that gave the directory to BASE) is taken back first, and a mount point
+ * in it that root did not make is refused. */
+static int make_own_dirs(const char *sandboxes, const char *own_dir, const char *const *mountpoints, uid_t owner) {
+        struct stat st;
+
+        if (mkdir(sandboxes, 0755) < 0 && errno != EEXIST)
+                return -errno;
+        if (mkdir(own_dir, 0700) < 0 && errno != EEXIST)
+                return -errno;
+        if (lstat(own_dir, &st) < 0)
+                return -errno;
+        if (!S_ISDIR(st.st_mode))
+                return -ENOTDIR;
+        /* The mode first: nobody but root may change it from then on. */
+        if (chmod(own_dir, 0700) < 0 || lchown(own_dir, 0, (gid_t) owner) < 0 ||
+            chmod(own_dir, owner != 0 ? 0710 : 0700) < 0)
+                return -errno;
+        for (const char *const *m = mountpoints; *m; m++) {
+                if (mkdir(*m, 0755) < 0 && errno != EEXIST)
+                        return -errno;
+                if (lstat(*m, &st) < 0)
+                        return -errno;
+                if (!S_ISDIR(st.st_mode) || st.st_uid != 0)
+                        return -ELOOP;
+        }
+        return 0;
+}
+
 /* Starts the FUSE server of the snapshot in the sandbox's I/O cgroup. */
 static int start_server(Store *s, const char *name, const char *mountpoint, const Cgroup *cg,
                         uid_t userns_base, pid_t *ret) {
@@ -504,6 +537,7 @@ static int start_server(Store *s, const char *name, const char *mountpoint, cons
                  * the namespace's root's. */
                 StoreMountOptions opts = {
                         .ready_fd = 3,
+                        .nofollow = true,
                         .map_root = userns_base != 0,
                         .root_uid = userns_base,
                         .root_gid = (gid_t) userns_base,
@@ -570,8 +604,8 @@ static int start_server(Store *s, const char *name, const char *mountpoint, cons
  * pace of the sandbox's own write limit: for a snapshot that is kept, it
  * is waited for however long it takes; one about to be deleted gets 5 s. */
 static void stop_server(const char *mountpoint, pid_t server, bool keep_data) {
-        if (umount2(mountpoint, 0) < 0) {
-                (void) umount2(mountpoint, MNT_DETACH);
+        if (umount2(mountpoint, UMOUNT_NOFOLLOW) < 0) {
+                (void) umount2(mountpoint, MNT_DETACH | UMOUNT_NOFOLLOW);
                 /* Still in use on the host, it would go on serving: SIGTERM
                  * ends it as an unmount does, after its last commit. */
                 if (keep_data)
@@ -781,12 +815,11 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
          * are not the server's), and holds the image's files, which the
          * store keeps from the host's users: its mount point is in a
          * directory only the sandbox's root may enter. */
-        if ((mkdir(sandboxes, 0755) < 0 && errno != EEXIST) || (mkdir(own_dir, 0700) < 0 && errno != EEXIST) ||
-            fchownat(AT_FDCWD, own_dir, owner, (gid_t) owner, AT_SYMLINK_NOFOLLOW) < 0 ||
-            chmod(own_dir, 0700) < 0 || (mkdir(mountpoint, 0755) < 0 && errno != EEXIST) ||
-            (opts->shape == SANDBOX_WORKDIR && mkdir(staging, 0755) < 0 && errno != EEXIST)) {
-                r = -errno;
-                snprintf(error_text, error_size, "cannot make the sandbox's directories under %s: %m", sandboxes);
+        r = make_own_dirs(sandboxes, own_dir, (const char *const[]) {
+                                  mountpoint, opts->shape == SANDBOX_WORKDIR ? staging : NULL, NULL }, owner);
+        if (r < 0) {
+                snprintf(error_text, error_size, "cannot make the sandbox's directories under %s: %s%s", sandboxes,
+                         strerror(-r), r == -ELOOP || r == -ENOTDIR ? " (one that root did not make is there)" : "");
                 return r;
         }
 

@@ -127,6 +127,54 @@ def check_user_namespace(store):
     store.delete('userns1')
 
 
+def as_uid(uid):
+    def become():
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    return become
+
+
+def check_userns_dir_not_theirs(store):
+    """With a user namespace, the sandbox's directory on the host is
+    root's, which the namespace's root (the host's ID 300000) may only pass
+    through: a user of that ID could otherwise swap the mount point for a
+    symbolic link and have root mount the snapshot over a directory of the
+    host. One such link left in the directory is refused."""
+    own_dir = store.path + '-sandboxes/planted'
+    target = store.new_dir('planted-target')
+    t.write_file(os.path.join(target, 'mine'), b'the host\'s\n')
+    os.makedirs(own_dir)
+    os.chown(own_dir, 300000, 300000)
+    os.symlink(target, os.path.join(own_dir, 'root'))
+    r = store.run('run', '--user-namespace', '300000', '--name', 'planted', 'img', '--', '/probe', 'info',
+                  expect=None)
+    t.check(r.code != 0 and 'root did not make' in r.err, f'a run over a planted mount point:\n{r.describe()}')
+    t.check(target not in t.mount_table() and os.listdir(target) == ['mine'],
+            f'the target of the planted link after the run: {os.listdir(target)}')
+    t.check('planted' not in store.names(), 'a snapshot left by the refused run')
+    os.unlink(os.path.join(own_dir, 'root'))
+    os.rmdir(own_dir)
+
+    p = subprocess.Popen([t.tool(), '--store', store.path, 'run', '--user-namespace', '300000', '--name', 'theirs',
+                          'img', '--', '/probe', 'trap-term', '60'],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        t.check_equal(p.stdout.readline(), 'trapping\n', 'the task before its directory is looked at')
+        own_dir = store.path + '-sandboxes/theirs'
+        st = os.lstat(own_dir)
+        t.check_equal((st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)), (0, 300000, '0o710'),
+                      'owner, group and mode of the directory of a task in a user namespace')
+        r = subprocess.run(['mkdir', os.path.join(own_dir, 'x')], preexec_fn=as_uid(300000), capture_output=True,
+                           text=True)
+        t.check(r.returncode != 0 and not os.path.exists(os.path.join(own_dir, 'x')),
+                f'the namespace\'s root on the host making a file in the sandbox\'s directory: {r.stderr}')
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=60)
+    t.check('theirs' not in store.names(), 'the snapshot of the task once it ended')
+
+
 def unlimited_seconds(store, slow, probe, before=None):
     """The probe's time without a limit: the best of up to three runs, so
     that other work on the disk meanwhile (tests run in parallel) does
@@ -657,6 +705,7 @@ def run_test():
         make_image(store)
         check_inside(store)
         check_user_namespace(store)
+        check_userns_dir_not_theirs(store)
         check_host_users_kept_out(store)
         check_io(store)
         check_kept_under_write_limit(store)
