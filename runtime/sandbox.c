@@ -266,10 +266,21 @@ static int hide_subvolume_mounts(const char *root) {
         }
         /* The last first: one stacked on another, or mounted inside it. A
          * mount already gone with the one it was in, or covered on the
-         * host by another, is out of reach already. */
-        while (n > 0)
-                if (umount2(found[--n], MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
+         * host by another, is out of reach already, as is one in a
+         * directory the task may not pass through (EACCES). In a user
+         * namespace the host's mounts are locked to it (EINVAL): covered
+         * instead. */
+        while (n > 0) {
+                const char *m = found[--n];
+
+                if (umount2(m, MNT_DETACH | UMOUNT_NOFOLLOW) >= 0 || errno == ENOENT || errno == EACCES)
+                        continue;
+                if (errno != EINVAL)
                         return -errno;
+                if (mount("tmpfs", m, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755") < 0 &&
+                    errno != ENOENT && errno != ENOTDIR && errno != EACCES)
+                        return -errno;
+        }
         return 0;
 }
 

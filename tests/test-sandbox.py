@@ -389,16 +389,24 @@ def check_escapes(store):
         t.check('resolv read' in r.out, f'/etc/resolv.conf in a workdir sandbox: {r.out} {r.err}')
 
     # A subvolume mounted on the host, as a developer's workspace is, is
-    # the store's as much as the store's own files: hidden too.
+    # the store's as much as the store's own files: hidden too. In a user
+    # namespace, where the host's mounts cannot be detached, it is covered
+    # (its path is one the namespace's root may pass through, as a
+    # workspace's is).
     store.snapshot('img', 'mounted-elsewhere')
     with store.mount('mounted-elsewhere') as m:
         t.write_file(m.p('secret'), b'a developer\'s file\n')
         r, _ = run(store, '--workdir', workdir, 'img', '--', '/bin/sh', '-c',
                    f'cat {m.p("secret")} 2>/dev/null || echo hidden; grep -c fuse.cowbox /proc/self/mountinfo',
                    expect=None)
+        userns, _ = run(store, '--workdir', workdir, '--user-namespace', '300000', 'img', '--', '/bin/sh', '-c',
+                        f'cat {m.p("secret")} 2>/dev/null || echo hidden; ls -A {m.path} && echo listed',
+                        expect=None)
     store.delete('mounted-elsewhere')
     t.check_equal(r.out.split(), ['hidden', '1'],
                   f'a subvolume mounted on the host, from a workdir sandbox (only its own is seen): {r.err}')
+    t.check_equal(userns.out.split(), ['hidden', 'listed'],
+                  f'a subvolume mounted on the host, from a workdir sandbox in a user namespace: {userns.err}')
 
     # A working tree's path through a symbolic link would be looked up on
     # the writable host: refused, and nothing made there.
