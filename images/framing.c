@@ -49,6 +49,7 @@ struct StreamInput {
         int fd;
         bool framed;
         bool regular;
+        off_t start;            /* of a regular file: where the input began */
         uint64_t raw_total;
         uint64_t raw_bytes;
 
@@ -142,9 +143,11 @@ int stream_input_new(int fd, StreamInput **ret, ImageError *error) {
         in->hash = XXH3_createState();
         if (!in->in || !in->out || !in->dctx || !in->hash)
                 return -ENOMEM;
-        if (fstat(fd, &st) >= 0 && S_ISREG(st.st_mode)) {
+        /* A file may be given at an offset (a shell's stdin after another
+         * reader): the input is what follows it, also when read again. */
+        if (fstat(fd, &st) >= 0 && S_ISREG(st.st_mode) && (in->start = lseek(fd, 0, SEEK_CUR)) >= 0) {
                 in->regular = true;
-                in->raw_total = (uint64_t) st.st_size;
+                in->raw_total = (uint64_t) (st.st_size - MIN(in->start, st.st_size));
         }
         r = input_start(in, error);
         if (r < 0)
@@ -344,7 +347,7 @@ int stream_input_verify(StreamInput *in, ImageError *error) {
 int stream_input_rewind(StreamInput *in, ImageError *error) {
         if (!in->regular)
                 return -ESPIPE;
-        if (lseek(in->fd, 0, SEEK_SET) < 0)
+        if (lseek(in->fd, in->start, SEEK_SET) < 0)
                 return image_error(error, -errno, "cannot read the input again: %m");
         in->in_pos = in->in_len = 0;
         in->in_eof = false;

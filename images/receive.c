@@ -873,10 +873,14 @@ static int receive_all(Receiver *rc, bool apply) {
 
         if (!c)
                 return -ENOMEM;
-        for (;;) {
+        for (unsigned streams = 0;; streams++) {
                 r = stream_read_header(&rc->reader, rc->error);
                 if (r < 0)
                         return r;
+                /* As a plain input that is empty: a compressed one may
+                 * hold no bytes at all. */
+                if (r == 0 && streams == 0)
+                        return image_error(rc->error, -ENODATA, "the input is empty: no send stream in it");
                 if (r == 0)
                         break;
                 for (;;) {

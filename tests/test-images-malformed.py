@@ -37,6 +37,8 @@ def cases(outside):
     bad_crc = bytearray(good)
     bad_crc[40] ^= 0x01
     yield 'empty input', b'', 'empty'
+    yield 'zstd: nothing in it', subprocess.run(['zstd', '-q', '-c'], input=b'', capture_output=True,
+                                                check=True).stdout, 'empty'
     yield 'not a stream', b'hello world, not a stream at all', 'not a send stream'
     yield 'version 3', header(3) + command('end'), 'version 3'
     yield 'truncated in the header', good[:10], 'truncated'
@@ -359,6 +361,27 @@ def check_increment_on_another_tree(store, tmp):
         store.run('subvolume', 'delete', name)
 
 
+def check_input_at_offset(store, tmp):
+    """A file given as standard input at an offset (after another reader
+    took what came before) is the input from there on: the pass that
+    applies it reads again from the same place, not from the file's start,
+    whose bytes the first pass never checked."""
+    before = simple_stream('before-offset', uuid=b'\xc1' * 16)
+    after = simple_stream('after-offset', uuid=b'\xc2' * 16, body=[mkfile('f')])
+    path = os.path.join(tmp, 'at-offset')
+    with open(path, 'wb') as f:
+        f.write(before + after)
+    names = store.names()
+    with open(path, 'rb') as f:
+        f.seek(len(before))
+        p = subprocess.run([t.tool(), '--store', store.path, 'receive'], stdin=f, capture_output=True, text=True,
+                           timeout=60)
+    t.check_equal(p.returncode, 0, f'a receive from a file at an offset: {p.stderr}')
+    t.check_equal(sorted(set(store.names()) - set(names)), ['after-offset'],
+                  'images received from a file at an offset')
+    store.run('subvolume', 'delete', 'after-offset')
+
+
 def check_unfinished_image_unseen(store, tmp):
     """An image whose input is still being read is not yet there for others:
     an increment on it, or a clone from it, is refused (named by its
@@ -551,6 +574,7 @@ def run():
             check_huge_sparse_ranges(store, tmp)
             check_increment_in_one_input(store, tmp)
             check_increment_on_another_tree(store, tmp)
+        check_input_at_offset(store, tmp)
         check_unfinished_image_unseen(store, tmp)
         check_names_all_or_nothing(store, tmp)
         check_dead_receive_in_pid_namespace(store, tmp)
