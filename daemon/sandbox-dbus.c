@@ -205,21 +205,47 @@ bool manager_sandbox_owns(Manager *m, const char *subvolume) {
         return false;
 }
 
-static json_t *sandbox_to_json(const Sandbox *b) {
+/* A task's output may hold what only those who may run tasks should read
+ * (a build's tokens, say): anyone else, and every signal, gets the rest of
+ * the result without it. */
+static json_t *sandbox_to_json(const Sandbox *b, bool with_output) {
+        _cleanup_json_ json_t *trimmed = NULL;
+        json_t *result = b->result;
+
+        if (result && !with_output) {
+                trimmed = json_copy(result);
+                if (!trimmed)
+                        return NULL;
+                (void) json_object_del(trimmed, "stdout");
+                (void) json_object_del(trimmed, "stderr");
+                result = trimmed;
+        }
         return json_pack("{s:s, s:s, s:O, s:O, s:s, s:s+, s:i, s:O?}", "name", b->name, "image", b->image,
                          "command", b->command, "options", b->options, "state", b->state,
-                         "snapshot", SANDBOX_PREFIX, b->name, "job", (int) b->job, "result", b->result);
+                         "snapshot", SANDBOX_PREFIX, b->name, "job", (int) b->job, "result", result);
+}
+
+static bool caller_sees_output(sd_bus_message *message) {
+        bool may_change = false;
+        uid_t uid;
+
+        return message && manager_caller_identity(message, &uid, &may_change) >= 0 && may_change;
+}
+
+static char *sandbox_text(const Sandbox *b, bool with_output) {
+        _cleanup_json_ json_t *doc = sandbox_to_json(b, with_output);
+
+        return doc ? api_json_text(doc) : NULL;
 }
 
 static void reply_waiters(Sandbox *b) {
-        _cleanup_free_ char *text = NULL;
-        json_t *doc = sandbox_to_json(b);
+        _cleanup_free_ char *text = sandbox_text(b, true), *trimmed = sandbox_text(b, false);
 
-        text = api_json_text(doc);
-        json_decref(doc);
         for (size_t i = 0; i < b->n_waiters; i++) {
-                if (text)
-                        (void) sd_bus_reply_method_return(b->waiters[i].message, "s", text);
+                const char *answer = b->waiters[i].unprivileged ? trimmed : text;
+
+                if (answer)
+                        (void) sd_bus_reply_method_return(b->waiters[i].message, "s", answer);
                 waiter_clear(&b->waiters[i]);
         }
         b->n_waiters = 0;
@@ -340,7 +366,7 @@ int method_create_sandbox(sd_bus_message *message, void *userdata, sd_bus_error 
         if (r >= 0) {
                 (void) manager_signal_subvolume(m, snapshot, true);
                 signal_sandbox(m, name, true);
-                doc = sandbox_to_json(b);
+                doc = sandbox_to_json(b, true);
                 r = api_reply_json(message, doc);
         }
         for (char **a = argv; a && *a; a++)
@@ -434,7 +460,7 @@ static int do_wait(sd_bus_message *message, Manager *m, const char *name, sd_bus
         if (!b)
                 return -ENOENT;
         if (!streq(b->state, "running")) {
-                doc = sandbox_to_json(b);
+                doc = sandbox_to_json(b, caller_sees_output(message));
                 return api_reply_json(message, doc);
         }
         r = manager_caller_identity(message, &uid, &may_change);
@@ -588,8 +614,10 @@ int method_list_sandboxes(sd_bus_message *message, void *userdata, sd_bus_error 
         _cleanup_json_ json_t *list = json_array();
         Manager *m = userdata;
 
+        bool with_output = caller_sees_output(message);
+
         for (Sandbox *b = m->sandboxes; b; b = b->next)
-                json_array_append_new(list, sandbox_to_json(b));
+                json_array_append_new(list, sandbox_to_json(b, with_output));
         return api_reply_json(message, list);
 }
 
@@ -635,7 +663,7 @@ static int sandbox_property(sd_bus *bus, const char *path, const char *interface
                             sd_bus_message *reply, void *userdata, sd_bus_error *error) {
         Sandbox *b = from_path(userdata, path);
         _cleanup_free_ char *text = NULL;
-        json_t *doc;
+        sd_bus_message *call;
 
         if (!b)
                 return sd_bus_error_setf(error, API_ERROR_NO_SUCH_SANDBOX, "The sandbox is gone.");
@@ -645,9 +673,13 @@ static int sandbox_property(sd_bus *bus, const char *path, const char *interface
                 return sd_bus_message_append(reply, "s", b->image);
         if (streq(property, "State"))
                 return sd_bus_message_append(reply, "s", b->state);
-        doc = sandbox_to_json(b);
-        text = api_json_text(doc);
-        json_decref(doc);
+        /* Read for a Get, GetAll or GetManagedObjects call, or for a
+         * signal (InterfacesAdded), sent to everyone. */
+        call = sd_bus_get_current_message(bus);
+        text = sandbox_text(b, call &&
+                               (sd_bus_message_is_method_call(call, "org.freedesktop.DBus.Properties", NULL) > 0 ||
+                                sd_bus_message_is_method_call(call, "org.freedesktop.DBus.ObjectManager", NULL) > 0) &&
+                               caller_sees_output(call));
         return text ? sd_bus_message_append(reply, "s", text) : -ENOMEM;
 }
 

@@ -717,6 +717,57 @@ def check_damaged_subvolume_record(bus, store):
                   'damaged subvolumes in GetStatus once it was deleted')
 
 
+def check_output_private(bus, store):
+    """A task's output may hold secrets: a user who may not run tasks reads
+    a sandbox's result without it (listed, waited for, as a property, from
+    the object manager), and receives no JobRemoved signal, which carries a
+    task's report; root and the group read it all."""
+    user = d.ensure_user('cowbox-test-user')
+    d.cowbox(bus, 'sandbox', 'create', 'secretive', '--image', 'base', '--workdir', WORKDIR, '--',
+             '/bin/sh', '-c', 'echo TOKEN-$((40 + 2))')
+    d.cowbox(bus, 'sandbox', 'start', 'secretive')
+    doc = json.loads(d.cowbox(bus, '--json', 'sandbox', 'wait', 'secretive').out)
+    t.check_equal(doc['result']['stdout'], 'TOKEN-42\n', 'the output root reads')
+    path = '/org/cowbox1/sandbox/secretive'
+    for what, argv in (('ListSandboxes', ['gdbus', 'call', '--system', '--dest', 'org.cowbox1', '--object-path',
+                                          '/org/cowbox1', '--method', 'org.cowbox1.Manager.ListSandboxes']),
+                       ('WaitSandbox', ['gdbus', 'call', '--system', '--dest', 'org.cowbox1', '--object-path',
+                                        '/org/cowbox1', '--method', 'org.cowbox1.Manager.WaitSandbox', 'secretive']),
+                       ('the Json property', ['busctl', '--system', 'get-property', 'org.cowbox1', path,
+                                              'org.cowbox1.Sandbox', 'Json']),
+                       ('GetManagedObjects', ['gdbus', 'call', '--system', '--dest', 'org.cowbox1', '--object-path',
+                                              '/org/cowbox1', '--method',
+                                              'org.freedesktop.DBus.ObjectManager.GetManagedObjects'])):
+        r = d.run(bus, argv, user=user)
+        t.check('secretive' in r.out and 'exit_status' in r.out and 'TOKEN-42' not in r.out,
+                f'{what} as a user who may not run tasks: {r.out[:2000]}')
+        r = d.run(bus, argv)
+        t.check('TOKEN-42' in r.out, f'{what} as root: {r.out[:2000]}')
+    d.cowbox(bus, 'sandbox', 'rm', 'secretive')
+
+    monitors = []
+    for who in (user, None):
+        argv = ['gdbus', 'monitor', '--system', '--dest', 'org.cowbox1']
+        if who:
+            argv = ['setpriv', f'--reuid={who[0]}', f'--regid={who[1]}', '--clear-groups'] + argv
+        log = open(os.path.join(store.new_dir(f'monitor-{len(monitors)}'), 'log'), 'w+')
+        monitors.append((subprocess.Popen(argv, env=dict(os.environ, **bus.env), stdout=log,
+                                          stderr=subprocess.STDOUT), log))
+    try:
+        time.sleep(1)
+        run_json(bus, '/bin/sh', '-c', 'echo TOKEN-$((40 + 3))')
+        time.sleep(1)
+    finally:
+        for p, _ in monitors:
+            p.terminate()
+            p.wait()
+    (_, user_log), (_, root_log) = monitors
+    seen = [open(log.name).read() for log in (user_log, root_log)]
+    t.check('TOKEN-43' in seen[1], f'the report in JobRemoved, as root sees it: {seen[1][-2000:]}')
+    t.check('JobRemoved' not in seen[0] and 'TOKEN-43' not in seen[0],
+            f'the signals a user who may not run tasks receives: {seen[0][-2000:]}')
+
+
 def check_client_subvolume_commands(bus, store):
     """cowbox creates, renames, limits and freezes a subvolume, as the API
     does, and refuses a size, a flag or a name it cannot take."""
@@ -782,6 +833,7 @@ def run():
             check_client_usage(bus, daemon)
             check_damaged_subvolume_record(bus, store)
             check_client_subvolume_commands(bus, store)
+            check_output_private(bus, store)
 
 
 if __name__ == '__main__':
