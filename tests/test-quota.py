@@ -88,6 +88,27 @@ def check_forget_after_write(store):
                           f'{label}: writing {size} bytes when the removed file was forgotten during the write')
 
 
+def check_sizes_past_63_bits(store):
+    """Sparse files whose sizes add up past 2^63 - 1 bytes, what a quota
+    may be at most: the one that would pass it is refused with EFBIG, and
+    the subvolume's figures stay right, not wrapped."""
+    store.create('sparse')
+    with store.mount('sparse') as m:
+        for name, size in (('a', 2**62), ('b', 2**62 - 1)):
+            with open(m.p(name), 'wb') as f:
+                f.truncate(size)
+        with open(m.p('c'), 'wb') as f:
+            for what, grow in (('a truncation', lambda: f.truncate(1)), ('a write', lambda: os.write(f.fileno(), b'x'))):
+                try:
+                    grow()
+                    err = None
+                except OSError as e:
+                    err = e.errno
+                t.check_equal(err, errno.EFBIG, f'{what} past 2^63 - 1 bytes in all')
+    t.check_equal(store.show('sparse')['logical_bytes'], 2**63 - 1, 'the logical bytes of the sparse files')
+    store.run('subvolume', 'delete', 'sparse')
+
+
 def run():
     t.require_fuse()
     with t.Store('quota') as store:
@@ -186,6 +207,7 @@ def run():
         info = store.show('held')
         t.check_equal((info['inodes'], info['logical_bytes']), (2, 1 * MiB), 'held: inodes and logical bytes')
         check_forget_after_write(store)
+        check_sizes_past_63_bits(store)
 
         r = store.run('subvolume', 'set-quota', 'missing', '1M', expect=1)
         t.check('missing' in r.err, f'set-quota of a missing subvolume names it:\n{r.describe()}')
