@@ -1058,11 +1058,46 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
         reply_xattr(req, size, buf, n);
 }
 
+/* The names a mount shows: not those of POSIX ACLs, which it keeps but
+ * the kernel refuses to read without FUSE's ACL support (a copy of the
+ * tree would fail on each). */
+static ssize_t list_shown_xattrs(Server *srv, fuse_ino_t ino, char **ret) {
+        for (;;) {
+                _cleanup_free_ char *buf = NULL;
+                ssize_t n, kept = 0;
+
+                n = volume_listxattr(srv->volume, ino, NULL, 0);
+                if (n <= 0)
+                        return n;
+                buf = malloc((size_t) n);
+                if (!buf)
+                        return -ENOMEM;
+                n = volume_listxattr(srv->volume, ino, buf, (size_t) n);
+                if (n == -ERANGE)
+                        continue;       /* one more name meanwhile */
+                if (n < 0)
+                        return n;
+                for (ssize_t i = 0; i < n;) {
+                        size_t len = strnlen(buf + i, (size_t) (n - i)) + 1;
+
+                        if (!xattr_name_is_acl(buf + i)) {
+                                memmove(buf + kept, buf + i, len);
+                                kept += (ssize_t) len;
+                        }
+                        i += (ssize_t) len;
+                }
+                *ret = TAKE_PTR(buf);
+                return kept;
+        }
+}
+
 static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
         _cleanup_free_ char *buf = NULL;
         ssize_t n;
 
-        n = do_getxattr(server_of(req), ino, NULL, size, &buf);
+        n = list_shown_xattrs(server_of(req), ino, &buf);
+        if (n >= 0 && size > 0 && (size_t) n > size)
+                n = -ERANGE;
         reply_xattr(req, size, buf, n);
 }
 

@@ -480,13 +480,16 @@ typedef struct VolumeDir {
 int volume_opendir(Volume *v, uint64_t ino, VolumeDir **ret);
 VolumeDir *volume_dir_free(VolumeDir *d);
 
-/* flags: 0, XATTR_CREATE or XATTR_REPLACE. */
+/* flags: 0, XATTR_CREATE or XATTR_REPLACE. POSIX ACLs (system.posix_acl_
+ * access and default) are kept as they are, as received, for a send to give
+ * back; they are not enforced, and a mount does not show them. */
 int volume_setxattr(Volume *v, uint64_t ino, const char *name, const void *value, size_t size, int flags);
 /* size 0 returns the value's length; -ENODATA if absent, -ERANGE if it does
  * not fit. */
 ssize_t volume_getxattr(Volume *v, uint64_t ino, const char *name, void *buf, size_t size);
 /* NUL-separated names; size 0 returns the length needed. */
 ssize_t volume_listxattr(Volume *v, uint64_t ino, char *buf, size_t size);
+bool xattr_name_is_acl(const char *name);
 int volume_removexattr(Volume *v, uint64_t ino, const char *name);
 
 int volume_statfs(Volume *v, struct statvfs *ret);

@@ -672,6 +672,24 @@ static int xattr_check_name(const char *name) {
         return 0;
 }
 
+bool xattr_name_is_acl(const char *name) {
+        return startswith(name, "system.posix_acl_");
+}
+
+/* POSIX ACLs come in send streams of trees that have them: kept as they
+ * are, for a send to give back, but not enforced, as on a file system
+ * mounted with noacl: the mode of a file is its permissions. A mount
+ * shows none (without FUSE's ACL support the kernel refuses their names).
+ * What is kept must be an ACL in the kernel's form: a header of version
+ * 2, then entries of 8 bytes. */
+static int acl_check(const char *name, const uint8_t *value, size_t size) {
+        if (!streq(name, "system.posix_acl_access") && !streq(name, "system.posix_acl_default"))
+                return -EOPNOTSUPP;
+        if (size < 4 || (size - 4) % 8 != 0 || value[0] != 2 || value[1] != 0 || value[2] != 0 || value[3] != 0)
+                return -EINVAL;
+        return 0;
+}
+
 static int xattr_find(Volume *v, const InodeRow *row, const char *name, sqlite3_stmt **ret) {
         sqlite3_stmt *st = v->layers[row->layer].get_xattr;
         int r;
@@ -754,10 +772,11 @@ int volume_setxattr(Volume *v, uint64_t ino, const char *name, const void *value
                 return r;
         if (size > XATTR_SIZE_MAX)
                 return -E2BIG;
-        /* No POSIX ACLs: stored as a plain xattr, an ACL would be ignored
-         * while tools like cp -a believe it set the mode. */
-        if (startswith(name, "system.posix_acl_"))
-                return -EOPNOTSUPP;
+        if (xattr_name_is_acl(name)) {
+                r = acl_check(name, value, size);
+                if (r < 0)
+                        return r;
+        }
 
         MUTEX_LOCKED(&v->lock);
         r = space_check(v->store, METADATA_COST + size, SPACE_METADATA);

@@ -136,6 +136,47 @@ def check_cleared_by_receive(store, fs, out):
                       f'the mode of {name}/suid received by btrfs')
 
 
+def acl(*entries):
+    """A POSIX ACL as the kernel's xattr holds it: (tag, perm, id) entries."""
+    return struct.pack('<I', 2) + b''.join(struct.pack('<HHI', *e) for e in entries)
+
+
+NO_ID = 0xffffffff
+ACCESS_ACL = acl((0x01, 6, NO_ID), (0x02, 6, 1000), (0x04, 4, NO_ID), (0x10, 6, NO_ID), (0x20, 4, NO_ID))
+DEFAULT_ACL = acl((0x01, 7, NO_ID), (0x04, 5, NO_ID), (0x08, 7, 1001), (0x10, 7, NO_ID), (0x20, 5, NO_ID))
+
+
+def check_acls(store, fs, out):
+    """POSIX ACLs of a btrfs tree (a root file system has them) are
+    received, kept and sent back as they were; a mount, which does not
+    enforce them, neither lists them nor changes the modes."""
+    vol = os.path.join(fs, 'aclvol')
+    st.btrfs('subvolume', 'create', vol)
+    t.write_file(os.path.join(vol, 'f'), b'shared with user 1000\n')
+    os.mkdir(os.path.join(vol, 'd'))
+    os.setxattr(os.path.join(vol, 'f'), 'system.posix_acl_access', ACCESS_ACL)
+    os.setxattr(os.path.join(vol, 'd'), 'system.posix_acl_default', DEFAULT_ACL)
+    modes = {name: os.stat(os.path.join(vol, name)).st_mode for name in ('f', 'd')}
+    st.btrfs('subvolume', 'snapshot', '-r', vol, os.path.join(fs, 'acl'))
+    st.btrfs('send', '-q', '-f', out('acl.btrfs'), os.path.join(fs, 'acl'))
+    store.run('receive', '-f', out('acl.btrfs'))
+    with store.mount('acl', readonly=True) as m:
+        for name in ('f', 'd'):
+            t.check_equal(os.stat(m.p(name)).st_mode, modes[name], f'the mode of {name}, which has an ACL')
+            t.check_equal([x for x in os.listxattr(m.p(name)) if 'posix_acl' in x], [],
+                          f'the ACLs a mount lists for {name}')
+    store.run('send', '-f', out('acl.cowbox'), 'acl')
+    dest = os.path.join(fs, 'recv-acl')
+    os.mkdir(dest)
+    st.btrfs('receive', '-f', out('acl.cowbox'), dest)
+    got = os.path.join(dest, 'acl')
+    t.check_bytes(os.getxattr(os.path.join(got, 'f'), 'system.posix_acl_access'), ACCESS_ACL,
+                  'the access ACL of f, sent back')
+    t.check_bytes(os.getxattr(os.path.join(got, 'd'), 'system.posix_acl_default'), DEFAULT_ACL,
+                  'the default ACL of d, sent back')
+    store.run('subvolume', 'delete', 'acl')
+
+
 def run():
     t.require_fuse()
     with t.Store('images-btrfs') as store, st.btrfs_loop(store) as fs:
@@ -239,6 +280,7 @@ def run():
 
         check_sparse(store, fs, out)
         check_cleared_by_receive(store, fs, out)
+        check_acls(store, fs, out)
 
         # The incremental stream carries the change, not the tree.
         full = os.path.getsize(out('v1.p1'))

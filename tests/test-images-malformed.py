@@ -57,6 +57,10 @@ def cases(outside):
     yield 'dot-dot inside', simple_stream(body=[command('mkdir', ('path', 'd'), ('ino', 5)),
                                                 mkfile('d/../../escape')]), "'..'"
     yield 'absolute path', simple_stream(body=[mkfile(outside + '/escape')]), 'absolute'
+    yield 'malformed ACL', simple_stream(body=[mkfile('f'), command('set_xattr', ('path', 'f'), (
+        'xattr_name', 'system.posix_acl_access'), ('xattr_data', b'\x02\x00\x00\x00\x01'))]), 'Invalid argument'
+    yield 'unknown ACL', simple_stream(body=[mkfile('f'), command('set_xattr', ('path', 'f'), (
+        'xattr_name', 'system.posix_acl_other'), ('xattr_data', b'\x02\x00\x00\x00'))]), 'not supported'
     yield 'empty component', simple_stream(body=[mkfile('a//b')]), 'empty path component'
     yield 'through a symlink', simple_stream(body=[
         command('symlink', ('path', 'l'), ('ino', 5), ('path_link', outside)), mkfile('l/escape')]), \
