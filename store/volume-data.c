@@ -573,11 +573,16 @@ static int inline_resize(InodeRow *row, size_t size) {
         return 0;
 }
 
+/* The sum stops at 2^63 - 1 bytes, what the store's counters and a quota
+ * hold: sparse files may add up to more (each may be that large), which
+ * would wrap the count and every figure made of it. Past it, the figure
+ * is a floor; fsck counts it anew. */
 void logical_size_changed(Volume *v, const InodeRow *row, uint64_t old_size, uint64_t new_size) {
         uint64_t *bytes = row->nlink > 0 ? &v->counters.logical_bytes : &v->orphan_bytes;
+        uint64_t sum = MIN(*bytes, (uint64_t) INT64_MAX) + MIN(new_size, (uint64_t) INT64_MAX);
 
-        *bytes += new_size;
-        *bytes -= MIN(*bytes, old_size);
+        sum = MIN(sum, (uint64_t) INT64_MAX);
+        *bytes = sum - MIN(sum, old_size);
 }
 
 /* Makes the blocks of [offset, offset + size) dirty and large enough,

@@ -250,8 +250,7 @@ int64_t timestamp_now(void);
 int64_t timestamp_from_timespec(const struct timespec *ts);
 struct timespec timestamp_to_timespec(int64_t ns);
 
-/* -EDQUOT if growing the subvolume by bytes would pass its limit; -EFBIG
- * if its files' sizes would add up to more than 2^63 - 1 bytes. */
+/* -EDQUOT if growing the subvolume by bytes would pass its limit. */
 int volume_check_quota(Volume *v, uint64_t bytes);
 void volume_commit_if_short(Volume *v);
 

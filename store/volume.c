@@ -601,16 +601,13 @@ void volume_quota_refresh(Volume *v) {
 }
 
 int volume_check_quota(Volume *v, uint64_t bytes) {
-        uint64_t used = v->counters.logical_bytes + MIN(v->orphan_bytes, (uint64_t) INT64_MAX);
+        /* Each at most 2^63 - 1 (see logical_size_changed()): no wrap. */
+        uint64_t used = MIN(v->counters.logical_bytes, (uint64_t) INT64_MAX) +
+                        MIN(v->orphan_bytes, (uint64_t) INT64_MAX);
 
-        if (bytes == 0)
+        if (v->quota_bytes == 0 || bytes == 0)
                 return 0;
-        /* The sizes of a subvolume's files add up to at most what a quota
-         * may be, 2^63 - 1 bytes: sparse files past that would wrap the
-         * count, and every figure made of it. */
-        if (used > (uint64_t) INT64_MAX || bytes > (uint64_t) INT64_MAX - used)
-                return -EFBIG;
-        if (v->quota_bytes > 0 && used + bytes > v->quota_bytes)
+        if (used >= v->quota_bytes || bytes > v->quota_bytes - used)
                 return -EDQUOT;
         return 0;
 }
