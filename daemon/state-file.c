@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cleanup.h"
@@ -42,13 +43,22 @@ int state_file_save(const char *path, json_t *doc) {
         _cleanup_free_ char *tmp = NULL, *dir_path = NULL;
         _cleanup_close_ int dir = -EBADF;
         FILE *f;
-        int r = 0;
+        int fd, r = 0;
 
         if (asprintf(&tmp, "%s.tmp", path) < 0 || !(dir_path = strdup(path)))
                 return -ENOMEM;
-        f = fopen(tmp, "we");
-        if (!f)
+        /* root's alone, also one a crash left: a sandbox's record holds its
+         * task's output. */
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd < 0)
                 return -errno;
+        f = fchmod(fd, 0600) < 0 ? NULL : fdopen(fd, "we");
+        if (!f) {
+                r = -errno;
+                safe_close(fd);
+                (void) unlink(tmp);
+                return r;
+        }
         if (json_dumpf(doc, f, JSON_INDENT(2)) < 0 || fflush(f) != 0 || fsync(fileno(f)) < 0)
                 r = -EIO;
         if (fclose(f) != 0 && r == 0)

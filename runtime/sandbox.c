@@ -266,19 +266,24 @@ static int hide_subvolume_mounts(const char *root) {
         }
         /* The last first: one stacked on another, or mounted inside it. A
          * mount already gone with the one it was in, or covered on the
-         * host by another, is out of reach already, as is one in a
-         * directory the task may not pass through (EACCES). In a user
-         * namespace the host's mounts are locked to it (EINVAL): covered
-         * instead. */
+         * host by another, is out of reach already. In a user namespace
+         * the host's mounts are locked to it (EINVAL): covered instead.
+         * One in a directory the namespace's root may not pass through
+         * (EACCES) may still be reached by another of its users: the run
+         * fails rather than leave it, unless it is another sandbox's,
+         * whose directory is root's and shut to all but its own
+         * namespace. */
         while (n > 0) {
                 const char *m = found[--n];
 
-                if (umount2(m, MNT_DETACH | UMOUNT_NOFOLLOW) >= 0 || errno == ENOENT || errno == EACCES)
+                if (umount2(m, MNT_DETACH | UMOUNT_NOFOLLOW) >= 0 || errno == ENOENT)
+                        continue;
+                if (errno == EACCES && strstr(m + len, "-sandboxes/") && endswith(m, "/root"))
                         continue;
                 if (errno != EINVAL)
                         return -errno;
                 if (mount("tmpfs", m, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755") < 0 &&
-                    errno != ENOENT && errno != ENOTDIR && errno != EACCES)
+                    errno != ENOENT && errno != ENOTDIR)
                         return -errno;
         }
         return 0;
@@ -317,8 +322,9 @@ static void setup_mounts(const Plan *p) {
                         child_fail(p->error_fd, errno, "cannot make the host read-only: %m");
                 r = hide_subvolume_mounts(root);
                 if (r < 0)
-                        child_fail(p->error_fd, -r, "cannot hide the mounts of the store's subvolumes: %s",
-                                   strerror(-r));
+                        child_fail(p->error_fd, -r, "cannot hide the mounts of the store's subvolumes: %s%s",
+                                   strerror(-r), r == -EACCES ? " (one is in a directory the user namespace's "
+                                   "root may not pass through: mount it elsewhere, or run without one)" : "");
                 hide(root, p->store_path);
                 hide(root, p->sandboxes_dir);
                 /* Nor does it keep a task from the host's daemons: their
@@ -498,29 +504,37 @@ static void init_main(const Plan *p) {
  * the directory theirs, a user of that ID on the host could put a
  * symbolic link where the snapshot is mounted, by root, and have it
  * mounted over /etc. One left by an earlier run (a crash, or a version
- * that gave the directory to BASE) is taken back first, and a mount point
- * in it that root did not make is refused. */
+ * that gave the directory to BASE) is taken back first, through its
+ * descriptor; one that is not root's own directory on the disk of the
+ * sandboxes' (a mount there), or a mount point in it that root did not
+ * make or that something is mounted on, is refused. */
 static int make_own_dirs(const char *sandboxes, const char *own_dir, const char *const *mountpoints, uid_t owner) {
-        struct stat st;
+        _cleanup_close_ int fd = -EBADF;
+        struct stat parent, st;
 
         if (mkdir(sandboxes, 0755) < 0 && errno != EEXIST)
                 return -errno;
+        if (lstat(sandboxes, &parent) < 0)
+                return -errno;
         if (mkdir(own_dir, 0700) < 0 && errno != EEXIST)
                 return -errno;
-        if (lstat(own_dir, &st) < 0)
+        fd = open(own_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOTDIR || errno == ELOOP ? -ELOOP : -errno;
+        if (fstat(fd, &st) < 0)
                 return -errno;
-        if (!S_ISDIR(st.st_mode))
-                return -ENOTDIR;
-        /* The mode first: nobody but root may change it from then on. */
-        if (chmod(own_dir, 0700) < 0 || lchown(own_dir, 0, (gid_t) owner) < 0 ||
-            chmod(own_dir, owner != 0 ? 0710 : 0700) < 0)
+        if (st.st_dev != parent.st_dev)
+                return -ELOOP;
+        if (fchown(fd, 0, (gid_t) owner) < 0 || fchmod(fd, owner != 0 ? 0710 : 0700) < 0)
                 return -errno;
         for (const char *const *m = mountpoints; *m; m++) {
-                if (mkdir(*m, 0755) < 0 && errno != EEXIST)
+                const char *base = strrchr(*m, '/') + 1;
+
+                if (mkdirat(fd, base, 0755) < 0 && errno != EEXIST)
                         return -errno;
-                if (lstat(*m, &st) < 0)
+                if (fstatat(fd, base, &st, AT_SYMLINK_NOFOLLOW) < 0)
                         return -errno;
-                if (!S_ISDIR(st.st_mode) || st.st_uid != 0)
+                if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || st.st_dev != parent.st_dev)
                         return -ELOOP;
         }
         return 0;
@@ -830,7 +844,7 @@ static int run_task(Store *s, const SandboxOptions *opts, const char *name, RunR
                                   mountpoint, opts->shape == SANDBOX_WORKDIR ? staging : NULL, NULL }, owner);
         if (r < 0) {
                 snprintf(error_text, error_size, "cannot make the sandbox's directories under %s: %s%s", sandboxes,
-                         strerror(-r), r == -ELOOP || r == -ENOTDIR ? " (one that root did not make is there)" : "");
+                         strerror(-r), r == -ELOOP ? " (one that root did not make, or a mount, is there)" : "");
                 return r;
         }
 

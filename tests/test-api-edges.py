@@ -743,6 +743,8 @@ def check_output_private(bus, store):
                 f'{what} as a user who may not run tasks: {r.out[:2000]}')
         r = d.run(bus, argv)
         t.check('TOKEN-42' in r.out, f'{what} as root: {r.out[:2000]}')
+    state = json.loads(d.gdbus_call(bus, 'GetStatus').out.split("'")[1])['store'] + '-sandboxes/.sandboxes.json'
+    t.check_equal(os.stat(state).st_mode & 0o077, 0, 'the mode of the sandboxes\' list, which holds their output')
     d.cowbox(bus, 'sandbox', 'rm', 'secretive')
 
     monitors = []
