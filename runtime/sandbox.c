@@ -33,6 +33,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -508,6 +509,38 @@ static void init_main(const Plan *p) {
  * descriptor; one that is not root's own directory on the disk of the
  * sandboxes' (a mount there), or a mount point in it that root did not
  * make or that something is mounted on, is refused. */
+/* Lets ID owner, alone, pass through the directory of fd, which is root's:
+ * an ACL entry (user:OWNER:--x), where the file system has ACLs, rather
+ * than the group owner, which would let the members of a host group of
+ * that ID in too. In the kernel's form of an ACL, little-endian. */
+static int grant_passage(int fd, uid_t owner) {
+        static const struct { uint16_t tag, perm; } entries[] = {
+                { 0x01, 7 },    /* user:: rwx */
+                { 0x02, 1 },    /* user:OWNER: --x */
+                { 0x04, 0 },    /* group:: --- */
+                { 0x10, 1 },    /* mask:: --x */
+                { 0x20, 0 },    /* other:: --- */
+        };
+        uint8_t acl[4 + 8 * ELEMENTSOF(entries)] = { 2, 0, 0, 0 };
+
+        for (size_t i = 0; i < ELEMENTSOF(entries); i++) {
+                uint8_t *e = acl + 4 + 8 * i;
+                uint32_t id = entries[i].tag == 0x02 ? (uint32_t) owner : UINT32_MAX;
+
+                e[0] = (uint8_t) entries[i].tag;
+                e[1] = (uint8_t) (entries[i].tag >> 8);
+                e[2] = (uint8_t) entries[i].perm;
+                e[3] = 0;
+                for (unsigned b = 0; b < 4; b++)
+                        e[4 + b] = (uint8_t) (id >> (8 * b));
+        }
+        if (fsetxattr(fd, "system.posix_acl_access", acl, sizeof acl, 0) >= 0)
+                return 0;
+        if (errno != EOPNOTSUPP)
+                return -errno;
+        return fchown(fd, 0, (gid_t) owner) < 0 || fchmod(fd, 0710) < 0 ? -errno : 0;
+}
+
 static int make_own_dirs(const char *sandboxes, const char *own_dir, const char *const *mountpoints, uid_t owner) {
         _cleanup_close_ int fd = -EBADF;
         struct stat parent, st;
@@ -525,7 +558,13 @@ static int make_own_dirs(const char *sandboxes, const char *own_dir, const char 
                 return -errno;
         if (st.st_dev != parent.st_dev)
                 return -ELOOP;
-        if (fchown(fd, 0, (gid_t) owner) < 0 || fchmod(fd, owner != 0 ? 0710 : 0700) < 0)
+        if (fchown(fd, 0, 0) < 0 || fchmod(fd, 0700) < 0)
+                return -errno;
+        if (owner != 0) {
+                int r = grant_passage(fd, owner);
+                if (r < 0)
+                        return r;
+        } else if (fremovexattr(fd, "system.posix_acl_access") < 0 && errno != ENODATA && errno != EOPNOTSUPP)
                 return -errno;
         for (const char *const *m = mountpoints; *m; m++) {
                 const char *base = strrchr(*m, '/') + 1;

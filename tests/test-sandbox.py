@@ -26,6 +26,7 @@ import shlex
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -163,8 +164,12 @@ def check_userns_dir_not_theirs(store):
         t.check_equal(p.stdout.readline(), 'trapping\n', 'the task before its directory is looked at')
         own_dir = store.path + '-sandboxes/theirs'
         st = os.lstat(own_dir)
-        t.check_equal((st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)), (0, 300000, '0o710'),
+        acl = os.getxattr(own_dir, 'system.posix_acl_access')
+        entries = [struct.unpack('<HHI', acl[i:i + 8]) for i in range(4, len(acl), 8)]
+        t.check_equal((st.st_uid, st.st_gid, oct(st.st_mode & 0o7777)), (0, 0, '0o710'),
                       'owner, group and mode of the directory of a task in a user namespace')
+        t.check((0x02, 1, 300000) in entries and (0x04, 0, 0xffffffff) in entries,
+                f'the ACL of the directory lets the namespace\'s root alone pass: {entries}')
         r = subprocess.run(['mkdir', os.path.join(own_dir, 'x')], preexec_fn=as_uid(300000), capture_output=True,
                            text=True)
         t.check(r.returncode != 0 and not os.path.exists(os.path.join(own_dir, 'x')),
