@@ -1032,10 +1032,7 @@ static ssize_t do_getxattr(Server *srv, fuse_ino_t ino, const char *name, size_t
                 if (!buf)
                         return -ENOMEM;
         }
-        if (name)
-                n = volume_getxattr(srv->volume, ino, name, buf, size);
-        else
-                n = volume_listxattr(srv->volume, ino, buf, size);
+        n = volume_getxattr(srv->volume, ino, name, buf, size);
         if (n >= 0)
                 *ret = TAKE_PTR(buf);
         return n;

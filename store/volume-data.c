@@ -573,16 +573,16 @@ static int inline_resize(InodeRow *row, size_t size) {
         return 0;
 }
 
-/* The sum stops at 2^63 - 1 bytes, what the store's counters and a quota
- * hold: sparse files may add up to more (each may be that large), which
- * would wrap the count and every figure made of it. Past it, the figure
- * is a floor; fsck counts it anew. */
+void bytes_add(uint64_t *bytes, uint64_t n) {
+        *bytes = MIN(*bytes, (uint64_t) INT64_MAX) + MIN(n, (uint64_t) INT64_MAX);
+        *bytes = MIN(*bytes, (uint64_t) INT64_MAX);
+}
+
 void logical_size_changed(Volume *v, const InodeRow *row, uint64_t old_size, uint64_t new_size) {
         uint64_t *bytes = row->nlink > 0 ? &v->counters.logical_bytes : &v->orphan_bytes;
-        uint64_t sum = MIN(*bytes, (uint64_t) INT64_MAX) + MIN(new_size, (uint64_t) INT64_MAX);
 
-        sum = MIN(sum, (uint64_t) INT64_MAX);
-        *bytes = sum - MIN(sum, old_size);
+        bytes_add(bytes, new_size);
+        *bytes -= MIN(*bytes, old_size);
 }
 
 /* Makes the blocks of [offset, offset + size) dirty and large enough,
@@ -721,20 +721,18 @@ static void quota_wait_for_orphans(Volume *v, uint64_t ino, uint64_t end) {
         uint64_t growth;
 
         /* The file grows by at most end. */
-        if (v->quota_bytes == 0 || v->orphan_bytes == 0 ||
-            v->counters.logical_bytes + v->orphan_bytes + end <= v->quota_bytes)
+        if (v->orphan_bytes == 0 || !quota_passed(v, v->orphan_bytes, end))
                 return;
         if (inode_get(v, ino, &row) < 0 || row.nlink == 0)
                 return;
         growth = end > row.size ? end - row.size : 0;
-        if (v->counters.logical_bytes + growth > v->quota_bytes)
+        if (quota_passed(v, 0, growth))
                 return;         /* over the quota whatever comes */
         if (v->before_wait)
                 v->before_wait();
         /* v->orphans_gone waits on CLOCK_MONOTONIC. */
         deadline = timespec_from_usec(monotonic_usec() + QUOTA_FORGET_WAIT_USEC);
-        while (v->orphan_bytes > 0 && v->counters.logical_bytes + v->orphan_bytes + growth > v->quota_bytes &&
-               v->counters.logical_bytes + growth <= v->quota_bytes)
+        while (v->orphan_bytes > 0 && quota_passed(v, v->orphan_bytes, growth) && !quota_passed(v, 0, growth))
                 if (pthread_cond_timedwait(&v->orphans_gone, &v->lock, &deadline) == ETIMEDOUT)
                         return;
 }

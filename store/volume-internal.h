@@ -230,6 +230,11 @@ int inode_drop(Volume *v, const InodeRow *row);
 void inode_unlinked(Volume *v, const InodeRow *row);
 void inode_forgotten(Volume *v, const InodeRow *row);
 void logical_size_changed(Volume *v, const InodeRow *row, uint64_t old_size, uint64_t new_size);
+/* Adds n to a count of bytes, which stops at 2^63 - 1, what the store's
+ * counters and a quota hold: sparse files may add up to more (each may be
+ * that large), which would wrap it and every figure made of it. Past it,
+ * the figure is a floor; fsck counts it anew. */
+void bytes_add(uint64_t *bytes, uint64_t n);
 void inode_to_stat(Volume *v, const InodeRow *row, struct stat *ret);
 
 int dentry_get(Volume *v, uint64_t parent, const char *name, uint64_t *ret_ino, mode_t *ret_type);
@@ -250,6 +255,9 @@ int64_t timestamp_now(void);
 int64_t timestamp_from_timespec(const struct timespec *ts);
 struct timespec timestamp_to_timespec(int64_t ns);
 
+/* Whether the subvolume's files, with orphans bytes of those unlinked but
+ * not forgotten and grown by growth, pass its limit; false if it has none. */
+bool quota_passed(const Volume *v, uint64_t orphans, uint64_t growth);
 /* -EDQUOT if growing the subvolume by bytes would pass its limit. */
 int volume_check_quota(Volume *v, uint64_t bytes);
 void volume_commit_if_short(Volume *v);

@@ -600,16 +600,13 @@ void volume_quota_refresh(Volume *v) {
         quota_refresh(v);
 }
 
-int volume_check_quota(Volume *v, uint64_t bytes) {
-        /* Each at most 2^63 - 1 (see logical_size_changed()): no wrap. */
-        uint64_t used = MIN(v->counters.logical_bytes, (uint64_t) INT64_MAX) +
-                        MIN(v->orphan_bytes, (uint64_t) INT64_MAX);
+bool quota_passed(const Volume *v, uint64_t orphans, uint64_t growth) {
+        return v->quota_bytes > 0 &&
+               (unsigned __int128) v->counters.logical_bytes + orphans + growth > v->quota_bytes;
+}
 
-        if (v->quota_bytes == 0 || bytes == 0)
-                return 0;
-        if (used >= v->quota_bytes || bytes > v->quota_bytes - used)
-                return -EDQUOT;
-        return 0;
+int volume_check_quota(Volume *v, uint64_t bytes) {
+        return bytes > 0 && quota_passed(v, v->orphan_bytes, bytes) ? -EDQUOT : 0;
 }
 
 /* Commits every COMMIT_INTERVAL_MS; in between, stores whole dirty blocks
@@ -1182,7 +1179,7 @@ void inode_unlinked(Volume *v, const InodeRow *row) {
                 v->counters.inodes--;
         if (S_ISREG(row->mode)) {
                 v->counters.logical_bytes -= MIN(v->counters.logical_bytes, row->size);
-                v->orphan_bytes += row->size;
+                bytes_add(&v->orphan_bytes, row->size);
         }
 }
 
