@@ -222,13 +222,19 @@ static int make_run(const char *root) {
         return 0;
 }
 
-/* Hides a host directory from a workdir sandbox: an empty read-only tmpfs
- * over it (the store, the other sandboxes). */
+/* An empty read-only tmpfs over path. */
+static int cover(const char *path) {
+        return mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755") < 0 ?
+                -errno : 0;
+}
+
+/* Hides a host directory from a workdir sandbox (the store, the other
+ * sandboxes). */
 static void hide(const char *root, const char *dir) {
         char path[4096];
 
         snprintf(path, sizeof path, "%s%s", root, dir);
-        (void) mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755");
+        (void) cover(path);
 }
 
 /* Detaches from a workdir sandbox's view of the host every mount of a
@@ -276,6 +282,7 @@ static int hide_subvolume_mounts(const char *root) {
          * namespace. */
         while (n > 0) {
                 const char *m = found[--n];
+                int r;
 
                 if (umount2(m, MNT_DETACH | UMOUNT_NOFOLLOW) >= 0 || errno == ENOENT)
                         continue;
@@ -283,9 +290,9 @@ static int hide_subvolume_mounts(const char *root) {
                         continue;
                 if (errno != EINVAL)
                         return -errno;
-                if (mount("tmpfs", m, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755") < 0 &&
-                    errno != ENOENT && errno != ENOTDIR)
-                        return -errno;
+                r = cover(m);
+                if (r < 0 && r != -ENOENT && r != -ENOTDIR)
+                        return r;
         }
         return 0;
 }
@@ -500,15 +507,6 @@ static void init_main(const Plan *p) {
 
 /* ---- in the caller ---- */
 
-/* The sandbox's directory and its mount points, root's alone to change. A
- * user namespace's root (the host's BASE) may only pass through it: were
- * the directory theirs, a user of that ID on the host could put a
- * symbolic link where the snapshot is mounted, by root, and have it
- * mounted over /etc. One left by an earlier run (a crash, or a version
- * that gave the directory to BASE) is taken back first, through its
- * descriptor; one that is not root's own directory on the disk of the
- * sandboxes' (a mount there), or a mount point in it that root did not
- * make or that something is mounted on, is refused. */
 /* Lets ID owner, alone, pass through the directory of fd, which is root's:
  * an ACL entry (user:OWNER:--x), where the file system has ACLs, rather
  * than the group owner, which would let the members of a host group of
@@ -541,6 +539,15 @@ static int grant_passage(int fd, uid_t owner) {
         return fchown(fd, 0, (gid_t) owner) < 0 || fchmod(fd, 0710) < 0 ? -errno : 0;
 }
 
+/* The sandbox's directory and its mount points, root's alone to change. A
+ * user namespace's root (the host's BASE) may only pass through it: were
+ * the directory theirs, a user of that ID on the host could put a
+ * symbolic link where the snapshot is mounted, by root, and have it
+ * mounted over /etc. One left by an earlier run (a crash, or a version
+ * that gave the directory to BASE) is taken back first, through its
+ * descriptor; one that is not root's own directory on the disk of the
+ * sandboxes' (a mount there), or a mount point in it that root did not
+ * make or that something is mounted on, is refused. */
 static int make_own_dirs(const char *sandboxes, const char *own_dir, const char *const *mountpoints, uid_t owner) {
         _cleanup_close_ int fd = -EBADF;
         struct stat parent, st;
