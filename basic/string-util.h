@@ -28,6 +28,18 @@ static inline bool streq_dot(const char *s) {
         for (const char *const *_l_ = (const char *const[]) { __VA_ARGS__, NULL }, *x; \
              (x = *_l_); _l_++)
 
+/* A yes or no as a command line gives it: true, yes, on or 1, or false,
+ * no, off or 0. 1, 0, or -1 for anything else. */
+static inline int parse_boolean(const char *text) {
+        FOREACH_STRING(yes, "true", "yes", "on", "1")
+                if (streq(text, yes))
+                        return 1;
+        FOREACH_STRING(no, "false", "no", "off", "0")
+                if (streq(text, no))
+                        return 0;
+        return -1;
+}
+
 /* Whether path is made of slashes only: the root, however written. */
 static inline bool path_is_root(const char *path) {
         return path[0] == '/' && !path[strspn(path, "/")];

@@ -1425,11 +1425,8 @@ static int dispatch(int argc, char *argv[]) {
                 if (r != 0)
                         return r;
                 value = argv[optind + 1];
-                if (streq(value, "true") || streq(value, "yes") || streq(value, "1"))
-                        readonly = 1;
-                else if (streq(value, "false") || streq(value, "no") || streq(value, "0"))
-                        readonly = 0;
-                else
+                readonly = parse_boolean(value);
+                if (readonly < 0)
                         return usage_error("'%s' is neither true nor false", value);
                 return call_void("SetReadOnly", readonly ? "Subvolume is read-only." : "Subvolume is writable.",
                                  "sb", argv[optind], readonly);

@@ -433,25 +433,10 @@ static int verb_rename(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         return EXIT_SUCCESS;
 }
 
-static int parse_bool(const char *text, bool *ret) {
-        FOREACH_STRING(yes, "true", "yes", "on", "1")
-                if (streq(text, yes)) {
-                        *ret = true;
-                        return 0;
-                }
-        FOREACH_STRING(no, "false", "no", "off", "0")
-                if (streq(text, no)) {
-                        *ret = false;
-                        return 0;
-                }
-        return -EINVAL;
-}
-
 static int verb_set_readonly(Tool *tool, const Command *cmd, int argc, char *argv[]) {
         _cleanup_store_ Store *store = NULL;
         const char *name;
-        bool readonly;
-        int c, r;
+        int readonly, c, r;
 
         c = command_getopt(tool, cmd, argc, argv);
         if (c != 0)
@@ -463,7 +448,8 @@ static int verb_set_readonly(Tool *tool, const Command *cmd, int argc, char *arg
         r = command_check_name(cmd, name);
         if (r != 0)
                 return r;
-        if (parse_bool(argv[optind + 1], &readonly) < 0)
+        readonly = parse_boolean(argv[optind + 1]);
+        if (readonly < 0)
                 return report_usage_error(cmd, "'%s' is neither true nor false", argv[optind + 1]);
 
         r = tool_open_store(tool, &store);
