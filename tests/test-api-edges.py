@@ -728,22 +728,19 @@ def check_output_private(bus, store):
     d.cowbox(bus, 'sandbox', 'start', 'secretive')
     doc = json.loads(d.cowbox(bus, '--json', 'sandbox', 'wait', 'secretive').out)
     t.check_equal(doc['result']['stdout'], 'TOKEN-42\n', 'the output root reads')
-    path = '/org/cowbox1/sandbox/secretive'
-    for what, argv in (('ListSandboxes', ['gdbus', 'call', '--system', '--dest', 'org.cowbox1', '--object-path',
-                                          '/org/cowbox1', '--method', 'org.cowbox1.Manager.ListSandboxes']),
-                       ('WaitSandbox', ['gdbus', 'call', '--system', '--dest', 'org.cowbox1', '--object-path',
-                                        '/org/cowbox1', '--method', 'org.cowbox1.Manager.WaitSandbox', 'secretive']),
-                       ('the Json property', ['busctl', '--system', 'get-property', 'org.cowbox1', path,
-                                              'org.cowbox1.Sandbox', 'Json']),
-                       ('GetManagedObjects', ['gdbus', 'call', '--system', '--dest', 'org.cowbox1', '--object-path',
-                                              '/org/cowbox1', '--method',
-                                              'org.freedesktop.DBus.ObjectManager.GetManagedObjects'])):
-        r = d.run(bus, argv, user=user)
+    properties = 'org.freedesktop.DBus.Properties'
+    reads = (('ListSandboxes', ('ListSandboxes',), {}),
+             ('WaitSandbox', ('WaitSandbox', 'secretive'), {}),
+             ('the Json property', ('Get', 'org.cowbox1.Sandbox', 'Json'),
+              {'path': '/org/cowbox1/sandbox/secretive', 'interface': properties}),
+             ('GetManagedObjects', ('GetManagedObjects',), {'interface': 'org.freedesktop.DBus.ObjectManager'}))
+    for what, args, where in reads:
+        r = d.gdbus_call(bus, *args, user=user, **where)
         t.check('secretive' in r.out and 'exit_status' in r.out and 'TOKEN-42' not in r.out,
                 f'{what} as a user who may not run tasks: {r.out[:2000]}')
-        r = d.run(bus, argv)
+        r = d.gdbus_call(bus, *args, **where)
         t.check('TOKEN-42' in r.out, f'{what} as root: {r.out[:2000]}')
-    state = json.loads(d.gdbus_call(bus, 'GetStatus').out.split("'")[1])['store'] + '-sandboxes/.sandboxes.json'
+    state = store.path + '-sandboxes/.sandboxes.json'
     t.check_equal(os.stat(state).st_mode & 0o077, 0, 'the mode of the sandboxes\' list, which holds their output')
     d.cowbox(bus, 'sandbox', 'rm', 'secretive')
 
